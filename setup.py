@@ -1,0 +1,50 @@
+"""swirl_jax: SWiRL and SimpleTIR for tool-using LM agents in JAX/Flax."""
+
+import setuptools
+
+CORE = [
+    "jax>=0.6",
+    "flax>=0.10",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
+    "ml-collections>=0.1.1",
+    "absl-py>=2.1",
+    "numpy>=1.26",
+    "transformers>=4.46",
+    "tokenizers>=0.20",
+    "safetensors>=0.4",
+    "gguf>=0.10",
+    "jinja2>=3.1",
+    "sympy>=1.12",
+    "math-verify>=0.7",
+    "bm25s>=0.2",
+    "pyarrow>=15",
+    "tensorboardX>=2.6",
+    "tqdm>=4.66",
+    "requests>=2.31",
+    "matplotlib>=3.8",
+]
+
+EXTRAS = {
+    # Parity tests and peer benchmarks only; never imported by the package.
+    "torch": ["torch==2.13.0"],
+    "test": [
+        "pytest>=8",
+        "pytest-xdist>=3.5",
+        "hypothesis>=6.100",
+        "nbclient>=0.10",
+        "nbformat>=5.10",
+        "ipykernel>=6.29",
+        "torch==2.13.0",
+    ],
+}
+
+setuptools.setup(
+    name="swirl_jax",
+    version="0.1.0",
+    description="Step-wise and multi-turn RL for tool-using LM agents in JAX",
+    packages=setuptools.find_packages(include=["swirl_jax", "swirl_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=CORE,
+    extras_require=EXTRAS,
+)

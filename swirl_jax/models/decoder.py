@@ -1,0 +1,342 @@
+"""One decoder for Llama / SmolLM2, Qwen2 and Gemma 2, used functionally.
+
+Parameters are a pytree; `forward(params, cfg, tokens, ...)` gives logits and,
+when a KV cache is passed in, the updated cache. Layers are stacked and
+scanned (params carry a leading 'layers' axis), so compile time does not grow
+with depth.
+
+The KV cache is a dict of arrays:
+  k, v   [L, B, S, K, H]  keys / values of every layer
+  pos    [B, S] int32      position of each slot (for RoPE'd sliding windows)
+  valid  [B, S] bool       slot holds a real token (not padding / empty)
+  index  []     int32      next slot to write; all rows write the same slots
+Rows of different lengths are padded, and padded slots stay invalid forever.
+"""
+
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from swirl_jax.models.config import ModelConfig
+from swirl_jax.sharding import constrain
+
+# Finite, so a query row with no visible key gets a uniform softmax, not NaN.
+MASK_VALUE = -1e30
+Cache = dict[str, jax.Array]
+
+
+def _dt(name: str):
+  return jnp.dtype(name)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """Inverse RoPE frequencies, with llama3 scaling when configured."""
+  d = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
+  s = cfg.rope_scaling
+  if not s:
+    return inv.astype(np.float32)
+  factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+  old = s["original_max_position_embeddings"]
+  wavelen = 2 * math.pi / inv
+  scaled = np.where(wavelen > old / lo, inv / factor, inv)
+  smooth = (old / wavelen - lo) / (hi - lo)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x_BTNH: jax.Array, pos_BT: jax.Array, inv_freq) -> jax.Array:
+  """Rotate-half RoPE (the Hugging Face layout of q/k rows)."""
+  ang = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+  cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+  x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BTNH.dtype)
+
+
+def _param(mod, name, axes, shape, init, dtype):
+  return mod.param(name, nn.with_logical_partitioning(init, axes), shape,
+                   _dt(dtype))
+
+
+_W_INIT = nn.initializers.normal(stddev=0.02)
+
+
+class RMSNorm(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.cfg
+    # Gemma stores (scale - 1): zeros init and `x * (1 + w)`.
+    init = nn.initializers.zeros if c.is_gemma else nn.initializers.ones
+    w = _param(self, "scale", ("embed",), (x.shape[-1],), init, c.param_dtype)
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + c.norm_eps)
+    if c.is_gemma:
+      return (y * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
+    return w.astype(x.dtype) * y.astype(x.dtype)
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None, index=None):
+    c, dt = self.cfg, _dt(self.cfg.dtype)
+    D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+    p = lambda n, ax, sh, init=_W_INIT: _param(self, n, ax, sh, init,
+                                               c.param_dtype).astype(dt)
+    q = jnp.einsum("btd,dnh->btnh", x_BTD, p("q", ("embed", "heads",
+                                                    "head_dim"), (D, N, H)))
+    k = jnp.einsum("btd,dkh->btkh", x_BTD, p("k", ("embed", "kv_heads",
+                                                    "head_dim"), (D, K, H)))
+    v = jnp.einsum("btd,dkh->btkh", x_BTD, p("v", ("embed", "kv_heads",
+                                                    "head_dim"), (D, K, H)))
+    if c.qkv_bias:
+      zeros = nn.initializers.zeros
+      q = q + p("q_bias", ("heads", "head_dim"), (N, H), zeros)
+      k = k + p("k_bias", ("kv_heads", "head_dim"), (K, H), zeros)
+      v = v + p("v_bias", ("kv_heads", "head_dim"), (K, H), zeros)
+    inv = rope_inv_freq(c)
+    q, k = apply_rope(q, pos_BT, inv), apply_rope(k, pos_BT, inv)
+    q = constrain(q, ("batch", "length", "act_heads", None))
+    if kv_cache is not None:  # Write the new keys at `index`, attend to all.
+      ck, cv = kv_cache
+      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+    new_kv = (k, v)
+    B, T = x_BTD.shape[:2]
+    qg = q.reshape(B, T, K, N // K, H)
+    s = jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(dt),
+                   preferred_element_type=jnp.float32) * c.attn_scale
+    if c.attn_logit_softcap:
+      s = jnp.tanh(s / c.attn_logit_softcap) * c.attn_logit_softcap
+    s = jnp.where(mask_BTS[:, None, None], s, MASK_VALUE)
+    probs = jax.nn.softmax(s, axis=-1).astype(dt)
+    o = jnp.einsum("bkgts,bskh->btkgh", probs, v.astype(dt)).reshape(B, T, N, H)
+    out = jnp.einsum("btnh,nhd->btd", o, p("o", ("heads", "head_dim", "embed"),
+                                            (N, H, D)))
+    return out, new_kv
+
+
+class MLP(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    c, dt = self.cfg, _dt(self.cfg.dtype)
+    D, F = c.hidden_size, c.intermediate_size
+    p = lambda n, ax, sh: _param(self, n, ax, sh, _W_INIT,
+                                 c.param_dtype).astype(dt)
+    gate = x_BTD @ p("gate", ("embed", "mlp"), (D, F))
+    up = x_BTD @ p("up", ("embed", "mlp"), (D, F))
+    act = (nn.gelu(gate, approximate=True) if c.is_gemma else nn.silu(gate))
+    h = constrain(act * up, ("batch", "length", "act_mlp"))
+    return h @ p("down", ("mlp", "embed"), (F, D))
+
+
+class Layer(nn.Module):
+  """One pre-norm block; Gemma 2 adds post-norms. Scanned over layers."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, carry, layer_idx, pos_BT, mask_full, mask_slide, index):
+    c = self.cfg
+    x, cache_k, cache_v = carry
+    sliding = jnp.asarray(c.sliding_layers)[layer_idx]
+    mask = jnp.where(sliding, mask_slide, mask_full)
+    kv = None
+    if cache_k is not None:
+      kv = (cache_k[layer_idx], cache_v[layer_idx])
+    h, (k, v) = Attention(c, name="attn")(RMSNorm(c, name="input_norm")(x),
+                                          pos_BT, mask, kv, index)
+    if c.is_gemma:
+      h = RMSNorm(c, name="post_attn_norm")(h)
+    x = x + h
+    pre = "pre_ffw_norm" if c.is_gemma else "post_attn_norm"
+    h = MLP(c, name="mlp")(RMSNorm(c, name=pre)(x))
+    if c.is_gemma:
+      h = RMSNorm(c, name="post_ffw_norm")(h)
+    x = constrain(x + h, ("batch", "length", "act_embed"))
+    if cache_k is not None:  # Only the new slots change: an in-place update.
+      cache_k = cache_k.at[layer_idx].set(k)
+      cache_v = cache_v.at[layer_idx].set(v)
+    return (x, cache_k, cache_v), None
+
+
+_REMAT = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class Decoder(nn.Module):
+  cfg: ModelConfig
+
+  def setup(self):
+    c = self.cfg
+    self.embedding = _param(self, "embedding", ("vocab", "embed"),
+                            (c.vocab_size, c.hidden_size), _W_INIT,
+                            c.param_dtype)
+    layer = Layer
+    if c.remat not in _REMAT:
+      raise ValueError(f"remat {c.remat!r}; valid: {sorted(_REMAT)}")
+    if _REMAT[c.remat] is not None:
+      layer = nn.remat(Layer, prevent_cse=False, policy=_REMAT[c.remat])
+    self.layers = nn.scan(
+        layer, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+        length=c.num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
+    self.final_norm = RMSNorm(c)
+    if not c.tie_embeddings:
+      self.lm_head = _param(self, "lm_head", ("embed", "vocab"),
+                            (c.hidden_size, c.vocab_size), _W_INIT,
+                            c.param_dtype)
+
+  def __call__(self, tokens_BT, pos_BT, mask_BT, cache: Cache | None = None):
+    """Final normed hidden states [B, T, D] and the updated cache."""
+    c, dt = self.cfg, _dt(self.cfg.dtype)
+    x = jnp.take(self.embedding.astype(dt), tokens_BT, axis=0)
+    if c.is_gemma:
+      x = x * jnp.asarray(math.sqrt(c.hidden_size), dt)
+    x = constrain(x, ("batch", "length", "act_embed"))
+    mask_full, mask_slide, k_pos, index = _masks(c, pos_BT, mask_BT, cache)
+    ck = cv = None
+    if cache is not None:
+      ck, cv = cache["k"], cache["v"]
+    (x, ck, cv), _ = self.layers((x, ck, cv), jnp.arange(c.num_layers),
+                                 pos_BT, mask_full, mask_slide, index)
+    x = self.final_norm(x)
+    if cache is None:
+      return x, None
+    new = dict(k=ck, v=cv, pos=k_pos,
+               valid=jax.lax.dynamic_update_slice(cache["valid"], mask_BT,
+                                                  (0, index)),
+               index=index + tokens_BT.shape[1])
+    return x, new
+
+  def unembed(self, h_BTD):
+    """Logits from hidden states (float32), with Gemma 2's final soft-cap."""
+    c, dt = self.cfg, _dt(self.cfg.dtype)
+    w = (self.embedding.astype(dt).T if c.tie_embeddings
+         else self.lm_head.astype(dt))
+    logits = jnp.einsum("...d,dv->...v", h_BTD.astype(dt), w,
+                        preferred_element_type=jnp.float32)
+    if c.final_logit_softcap:
+      cap = c.final_logit_softcap
+      logits = jnp.tanh(logits / cap) * cap
+    return logits
+
+
+def _masks(c: ModelConfig, pos_BT, mask_BT, cache):
+  """[B, T, S] visibility: valid key, causal by slot, sliding by position."""
+  T = pos_BT.shape[1]
+  if cache is None:
+    index = jnp.int32(0)
+    k_pos, k_valid, S = pos_BT, mask_BT.astype(bool), T
+  else:
+    index = cache["index"]
+    k_pos = jax.lax.dynamic_update_slice(cache["pos"], pos_BT.astype(jnp.int32),
+                                         (0, index))
+    k_valid = jax.lax.dynamic_update_slice(cache["valid"], mask_BT.astype(bool),
+                                           (0, index))
+    S = cache["pos"].shape[1]
+  q_slot = index + jnp.arange(T)
+  causal = jnp.arange(S)[None, :] <= q_slot[:, None]
+  full = k_valid[:, None, :] & causal[None]
+  slide = full
+  if c.sliding_window and any(c.sliding_layers):
+    dist = pos_BT[:, :, None] - k_pos[:, None, :]
+    slide = full & (dist < c.sliding_window)
+  return full, slide, k_pos, index
+
+
+# ---------------------------------------------------------------- functional
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int,
+               dtype: str | None = None) -> Cache:
+  dt = _dt(dtype or cfg.dtype)
+  shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+  return dict(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+              pos=jnp.zeros((batch, length), jnp.int32),
+              valid=jnp.zeros((batch, length), bool),
+              index=jnp.zeros((), jnp.int32))
+
+
+def default_positions(mask_BT: jax.Array) -> jax.Array:
+  """Positions that skip padding (left or right): cumsum(mask) - 1, >= 0."""
+  return jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def hidden_states(params, cfg: ModelConfig, tokens_BT, positions_BT=None,
+                  mask_BT=None, cache: Cache | None = None):
+  if mask_BT is None:
+    mask_BT = jnp.ones(tokens_BT.shape, bool)
+  if positions_BT is None:
+    positions_BT = default_positions(mask_BT)
+  return Decoder(cfg).apply({"params": params}, tokens_BT, positions_BT,
+                            mask_BT.astype(bool), cache)
+
+
+def unembed(params, cfg: ModelConfig, h):
+  return Decoder(cfg).apply({"params": params}, h, method=Decoder.unembed)
+
+
+def unembed_params(params, cfg: ModelConfig) -> dict:
+  """The sub-tree `unembed` reads (for chunked log-probs)."""
+  keys = ["embedding"] if cfg.tie_embeddings else ["lm_head"]
+  return {k: params[k] for k in keys}
+
+
+def unembed_with(sub, cfg: ModelConfig, h):
+  """`unembed` from the sub-tree of `unembed_params` alone."""
+  c, dt = cfg, _dt(cfg.dtype)
+  w = sub["embedding"].astype(dt).T if c.tie_embeddings else \
+      sub["lm_head"].astype(dt)
+  logits = jnp.einsum("...d,dv->...v", h.astype(dt), w,
+                      preferred_element_type=jnp.float32)
+  if c.final_logit_softcap:
+    logits = jnp.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
+  return logits
+
+
+def forward(params, cfg: ModelConfig, tokens_BT, positions_BT=None,
+            mask_BT=None, cache: Cache | None = None):
+  """Logits [B, T, V] (float32) and the updated cache (None without one)."""
+  h, cache = hidden_states(params, cfg, tokens_BT, positions_BT, mask_BT,
+                           cache)
+  return unembed_with(unembed_params(params, cfg), cfg, h), cache
+
+
+def _boxed_init(cfg: ModelConfig, rng):
+  t = jnp.zeros((1, 1), jnp.int32)
+  return Decoder(cfg).init(rng, t, t, jnp.ones((1, 1), bool))["params"]
+
+
+def param_logical_axes(cfg: ModelConfig):
+  """Tree of logical PartitionSpecs, shaped like the params."""
+  boxed = jax.eval_shape(functools.partial(_boxed_init, cfg),
+                         jax.random.key(0))
+  return nn.get_partition_spec(boxed)
+
+
+def abstract_params(cfg: ModelConfig):
+  """ShapeDtypeStructs of the params (no allocation)."""
+  return nn.unbox(jax.eval_shape(functools.partial(_boxed_init, cfg),
+                         jax.random.key(0)))
+
+
+def init_params(cfg: ModelConfig, rng, shardings=None):
+  """Random params, created already sharded when shardings are given."""
+  fn = lambda r: nn.unbox(_boxed_init(cfg, r))
+  return jax.jit(fn, out_shardings=shardings)(rng)

@@ -1,0 +1,141 @@
+"""Device mesh from config, logical-axis rules, and sharded placement.
+
+Model code names logical axes only ('embed', 'heads', ...); the rules here map
+them onto mesh axes. A mesh axis that does not divide a dimension is dropped
+for that array (e.g. SmolLM2's 9 heads on tensor=2), so every preset runs on
+every mesh, replicated where it must be.
+"""
+
+import contextlib
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+# Logical axis -> mesh axes. Batch over data and fsdp; weights sharded over
+# fsdp on their embed dimension and over tensor on heads / mlp / vocab.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("layers", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+    ("cache_length", None),
+)
+
+
+def make_mesh(spec: Sequence[tuple[str, int]], devices=None) -> Mesh:
+  """`[('data', -1), ('fsdp', 1), ('tensor', 1)]` -> Mesh; one -1 fills."""
+  devices = list(devices if devices is not None else jax.devices())
+  names = [str(n) for n, _ in spec]
+  sizes = [int(s) for _, s in spec]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"mesh {spec}: at most one axis may be -1")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ValueError(f"mesh {spec}: {len(devices)} devices are not a "
+                       f"multiple of {known}")
+    sizes[sizes.index(-1)] = len(devices) // known
+  if math.prod(sizes) != len(devices):
+    raise ValueError(f"mesh {spec} needs {math.prod(sizes)} devices; "
+                     f"{len(devices)} available")
+  return jax.make_mesh(tuple(sizes), tuple(names),
+                       axis_types=(AxisType.Auto,) * len(names),
+                       devices=devices)
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int],
+                    mesh: Mesh, rules=DEFAULT_RULES) -> P:
+  """PartitionSpec for one array; drops mesh axes that do not divide it."""
+  table = dict(rules)
+  used, out = set(), []
+  for name, dim in zip(axes, shape):
+    mesh_axes = table.get(name) if name is not None else None
+    if mesh_axes is None:
+      out.append(None)
+      continue
+    mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+    kept = []
+    for ax in mesh_axes:
+      size = mesh.shape.get(ax, 1)
+      if ax in used or size == 1:
+        continue
+      if dim % (math.prod(mesh.shape[a] for a in kept) * size) == 0:
+        kept.append(ax)
+    used.update(kept)
+    out.append(tuple(kept) if len(kept) > 1 else (kept[0] if kept else None))
+  return P(*out)
+
+
+def tree_shardings(logical_tree: Any, shapes_tree: Any, mesh: Mesh,
+                   rules=DEFAULT_RULES) -> Any:
+  """NamedShardings for a tree of logical PartitionSpecs and shapes."""
+  return jax.tree.map(
+      lambda axes, x: NamedSharding(
+          mesh, logical_to_spec(tuple(axes), x.shape, mesh, rules)),
+      logical_tree, shapes_tree,
+      is_leaf=lambda x: isinstance(x, P))
+
+
+def logical_axes(boxed_tree: Any) -> Any:
+  """Logical PartitionSpecs of a tree of `nn.LogicallyPartitioned` boxes."""
+  return nn.get_partition_spec(boxed_tree)
+
+
+def place(host_tree: Any, shardings: Any) -> Any:
+  """Puts host (NumPy) arrays on the mesh; each device gets only its shard."""
+  def put(x, s):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
+  return jax.tree.map(put, host_tree, shardings)
+
+
+# The active mesh and rules for activation constraints inside model code.
+_ACTIVE: dict[str, Any] = {"mesh": None, "rules": DEFAULT_RULES}
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh | None, rules=DEFAULT_RULES):
+  """Activation constraints in model code apply while this is active."""
+  old = dict(_ACTIVE)
+  _ACTIVE.update(mesh=mesh, rules=rules)
+  try:
+    if mesh is None:
+      yield
+    else:
+      with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") \
+          else mesh:
+        yield
+  finally:
+    _ACTIVE.update(old)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  """`with_sharding_constraint` by logical axes; a no-op without a mesh."""
+  mesh = _ACTIVE["mesh"]
+  if mesh is None or mesh.size == 1:
+    return x
+  spec = logical_to_spec(axes, x.shape, mesh, _ACTIVE["rules"])
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def data_sharding(mesh: Mesh, ndim: int, rules=DEFAULT_RULES,
+                  shape: Sequence[int] | None = None) -> NamedSharding:
+  """Batch-major arrays: first axis over the batch axes, the rest whole."""
+  axes = ("batch",) + (None,) * (ndim - 1)
+  shape = shape if shape is not None else (
+      math.prod(mesh.shape[a] for a in mesh.axis_names),) + (1,) * (ndim - 1)
+  return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
