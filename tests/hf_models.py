@@ -1,0 +1,60 @@
+"""Tiny Hugging Face models with every parameter randomly drawn.
+
+HF's default init leaves biases at 0 and norms at 1, which would hide loader
+bugs (a transposed bias, a norm read from the wrong layer); here every tensor
+gets its own random values.
+"""
+
+import torch
+import transformers
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, max_position_embeddings=256)
+
+
+def hf_config(family: str, **kw) -> transformers.PretrainedConfig:
+  base = dict(TINY)
+  if family == "llama":
+    base.update(rope_theta=50000.0, tie_word_embeddings=False,
+                rope_scaling=dict(rope_type="llama3", factor=8.0,
+                                  low_freq_factor=1.0, high_freq_factor=4.0,
+                                  original_max_position_embeddings=32))
+    base.update(kw)
+    return transformers.LlamaConfig(**base)
+  if family == "qwen2":
+    base.update(rope_theta=10000.0, tie_word_embeddings=True)
+    base.update(kw)
+    return transformers.Qwen2Config(**base)
+  if family == "gemma2":
+    base.update(sliding_window=8, query_pre_attn_scalar=24,
+                attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                tie_word_embeddings=True)
+    base.update(kw)
+    return transformers.Gemma2Config(**base)
+  raise ValueError(family)
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0) -> None:
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (0.0 if "gemma"
+                in type(model).__name__.lower() else 1.0))
+      elif name.endswith("bias"):
+        p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+      else:
+        p.copy_(torch.randn(p.shape, generator=g) * 0.08)
+
+
+def save_random_model(family: str, path, seed: int = 0, **kw):
+  """Saves a random tiny model of `family` to `path`; returns the model."""
+  torch.manual_seed(seed)
+  cfg = hf_config(family, **kw)
+  model = transformers.AutoModelForCausalLM.from_config(
+      cfg, attn_implementation="eager", dtype=torch.float32)
+  randomize_(model, seed)
+  model.eval()
+  model.save_pretrained(str(path), safe_serialization=True)
+  return model

@@ -1,0 +1,291 @@
+"""Decoder parity against `transformers`, checkpoint IO, sharding, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import hf_models
+from swirl_jax import paths
+from swirl_jax.models import decoder, gguf_io, hf_io, presets
+from swirl_jax.models.config import from_hf_config
+
+TOL = {"llama": 2e-4, "qwen2": 2e-4, "gemma2": 5e-3}
+
+
+def _padded_batch(rng, vocab, lengths, total, left):
+  tokens = np.zeros((len(lengths), total), np.int64)
+  mask = np.zeros((len(lengths), total), bool)
+  for i, n in enumerate(lengths):
+    sl = slice(total - n, total) if left else slice(0, n)
+    tokens[i, sl] = rng.randint(0, vocab, n)
+    mask[i, sl] = True
+  positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+  return tokens, mask, positions
+
+
+def _hf_logits(model, tokens, mask, positions):
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(tokens),
+                 attention_mask=torch.tensor(mask.astype(np.int64)),
+                 position_ids=torch.tensor(positions)).logits.numpy()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
+def test_parity_with_transformers(family, left, tmp_path):
+  model = hf_models.save_random_model(family, tmp_path, seed=1)
+  cfg, params = hf_io.load_hf_dir(tmp_path)
+  assert cfg.family == family
+  rng = np.random.RandomState(0)
+  # Gemma 2's window is 8: sequences of 20 cross it.
+  tokens, mask, pos = _padded_batch(rng, cfg.vocab_size, [20, 13, 1], 20, left)
+  ref = _hf_logits(model, tokens, mask, pos)
+  ours, _ = decoder.forward(params, cfg, jnp.asarray(tokens),
+                            jnp.asarray(pos), jnp.asarray(mask))
+  ours = np.asarray(ours)
+  assert np.isfinite(ours).all()  # Padded query rows too.
+  err = np.abs(ours - ref)[mask].max()
+  assert err < TOL[family], f"{family}: max abs logit error {err}"
+
+
+def test_llama3_rope_scaling_is_read(tmp_path):
+  hf_models.save_random_model("llama", tmp_path)
+  cfg = hf_io.read_hf_config(tmp_path)
+  assert cfg.rope_scaling["factor"] == 8.0
+  assert not np.allclose(decoder.rope_inv_freq(cfg),
+                         decoder.rope_inv_freq(cfg.replace(rope_scaling=None)))
+
+
+def test_gemma2_sliding_window_matters(tmp_path):
+  """Past the window the sliding layers must see fewer keys than full ones."""
+  hf_models.save_random_model("gemma2", tmp_path)
+  cfg, params = hf_io.load_hf_dir(tmp_path)
+  tokens = jnp.asarray(np.random.RandomState(3).randint(0, 128, (1, 24)))
+  a, _ = decoder.forward(params, cfg, tokens)
+  b, _ = decoder.forward(params, cfg.replace(sliding_window=None), tokens)
+  assert np.abs(np.asarray(a - b))[0, :8].max() < 1e-5
+  assert np.abs(np.asarray(a - b))[0, 8:].max() > 1e-3
+
+
+def test_kv_cache_matches_full_forward():
+  cfg = presets.get_preset("tiny").replace(
+      family="gemma2", sliding_window=4,
+      layer_types=("sliding_attention", "full_attention"),
+      attn_logit_softcap=5.0, final_logit_softcap=3.0)
+  params = decoder.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, cfg.vocab_size)
+  full, _ = decoder.forward(params, cfg, tokens)
+  cache = decoder.init_cache(cfg, 2, 16)
+  pos = jnp.broadcast_to(jnp.arange(11), (2, 11))
+  a, cache = decoder.forward(params, cfg, tokens[:, :7], pos[:, :7],
+                             cache=cache)
+  b, cache = decoder.forward(params, cfg, tokens[:, 7:], pos[:, 7:],
+                             cache=cache)
+  np.testing.assert_allclose(np.concatenate([a, b], 1), full, atol=1e-5)
+  assert int(cache["index"]) == 11
+
+
+def test_round_trip_hf_export_load(tmp_path):
+  hf_models.save_random_model("qwen2", tmp_path / "src")
+  cfg, params = hf_io.load_hf_dir(tmp_path / "src")
+  hf_io.export_hf_dir(params, cfg, tmp_path / "out", max_shard_bytes=50_000)
+  assert (tmp_path / "out" / "model.safetensors.index.json").exists()
+  cfg2, params2 = hf_io.load_hf_dir(tmp_path / "out")
+  assert cfg2 == cfg
+  jax.tree.map(np.testing.assert_array_equal, params, params2)
+
+
+def test_export_is_loadable_by_transformers(tmp_path):
+  cfg = presets.get_preset("tiny").replace(family="gemma2", layer_types=(
+      "sliding_attention", "full_attention"), sliding_window=4,
+      final_logit_softcap=3.0, attn_logit_softcap=5.0,
+      query_pre_attn_scalar=16)
+  params = decoder.init_params(cfg, jax.random.key(2))
+  hf_io.export_hf_dir(params, cfg, tmp_path)
+  import transformers  # pylint: disable=g-import-not-at-top
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path, dtype=torch.float32, attn_implementation="eager")
+  tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 10))
+  with torch.no_grad():
+    ref = model(torch.tensor(tokens)).logits.numpy()
+  ours, _ = decoder.forward(params, cfg, jnp.asarray(tokens))
+  assert np.abs(np.asarray(ours) - ref).max() < 5e-3
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+  try:
+    path = paths.smollm2_gguf_path()
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  cfg, params = gguf_io.load_gguf(path)
+  return path, cfg, params
+
+
+def test_smollm2_gguf_matches_transformers(smollm2, tmp_path):
+  import transformers  # pylint: disable=g-import-not-at-top
+  _, cfg, params = smollm2
+  assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (30, 9, 3)
+  hf_io.export_hf_dir(params, cfg, tmp_path)
+  model = transformers.LlamaForCausalLM.from_pretrained(
+      tmp_path, dtype=torch.float32, attn_implementation="eager")
+  tokens, mask, pos = _padded_batch(np.random.RandomState(0), cfg.vocab_size,
+                                    [16, 9], 16, left=True)
+  ref = _hf_logits(model, tokens, mask, pos)
+  ours, _ = decoder.forward(params, cfg, jnp.asarray(tokens),
+                            jnp.asarray(pos), jnp.asarray(mask))
+  assert np.abs(np.asarray(ours) - ref)[mask].max() < 1e-3
+
+
+def test_unpermute_qk_inverts_llama_cpp_permutation():
+  w = np.arange(4 * 2 * 4 * 3, dtype=np.float32).reshape(4 * 2 * 4, 3)
+  n_head = 4
+  # llama.cpp's convert script: reshape(n_head, 2, dim/n_head/2, ...) swap.
+  permuted = (w.reshape(n_head, 2, w.shape[0] // n_head // 2, 3)
+              .swapaxes(1, 2).reshape(w.shape))
+  np.testing.assert_array_equal(gguf_io.unpermute_qk(permuted, n_head), w)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_missing_config(tmp_path):
+  with pytest.raises(hf_io.CheckpointError, match="config.json: file is"):
+    hf_io.load_hf_dir(tmp_path)
+
+
+def test_unsupported_model_type(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+  with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
+    hf_io.load_hf_dir(tmp_path)
+
+
+def test_missing_field(tmp_path):
+  hf_models.save_random_model("llama", tmp_path)
+  hf = json.loads((tmp_path / "config.json").read_text())
+  del hf["hidden_size"]
+  (tmp_path / "config.json").write_text(json.dumps(hf))
+  with pytest.raises(ValueError, match="missing field 'hidden_size'"):
+    hf_io.load_hf_dir(tmp_path)
+
+
+def test_truncated_safetensors(tmp_path):
+  hf_models.save_random_model("llama", tmp_path)
+  f = tmp_path / "model.safetensors"
+  f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+  with pytest.raises(hf_io.CheckpointError, match="model.safetensors"):
+    hf_io.load_hf_dir(tmp_path)
+
+
+def test_missing_shard(tmp_path):
+  hf_models.save_random_model("qwen2", tmp_path / "src")
+  cfg, params = hf_io.load_hf_dir(tmp_path / "src")
+  out = tmp_path / "out"
+  hf_io.export_hf_dir(params, cfg, out, max_shard_bytes=50_000)
+  next(out.glob("model-00002-*.safetensors")).unlink()
+  with pytest.raises(hf_io.CheckpointError, match="model-00002.*missing"):
+    hf_io.load_hf_dir(out)
+
+
+def test_mismatched_shapes(tmp_path):
+  hf_models.save_random_model("llama", tmp_path)
+  hf = json.loads((tmp_path / "config.json").read_text())
+  hf["intermediate_size"] = 80
+  (tmp_path / "config.json").write_text(json.dumps(hf))
+  with pytest.raises(hf_io.CheckpointError, match="mlp/gate has shape"):
+    hf_io.load_hf_dir(tmp_path)
+
+
+def test_gguf_errors(tmp_path):
+  with pytest.raises(hf_io.CheckpointError, match="nope.gguf: file is missing"):
+    gguf_io.load_gguf(tmp_path / "nope.gguf")
+  (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+  with pytest.raises(hf_io.CheckpointError, match="junk.gguf: not a readable"):
+    gguf_io.load_gguf(tmp_path / "junk.gguf")
+
+
+def test_gguf_of_another_architecture(tmp_path):
+  import gguf  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "other.gguf"
+  w = gguf.GGUFWriter(str(path), "gpt2")
+  w.add_block_count(1)
+  w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  with pytest.raises(hf_io.CheckpointError,
+                     match="'general.architecture' is 'gpt2'"):
+    gguf_io.load_gguf(path)
+
+
+def test_presets_build():
+  for name in presets.PRESETS:
+    cfg = presets.get_preset(name)
+    shapes = decoder.abstract_params(cfg)
+    n = sum(np.prod(x.shape) for x in jax.tree.leaves(shapes))
+    assert n > 0
+  with pytest.raises(ValueError, match="valid:"):
+    presets.get_preset("gpt5")
+  assert presets.get_preset("gemma2_2b").sliding_layers[:2] == (True, False)
+
+
+def test_hf_config_round_trip():
+  from swirl_jax.models.config import to_hf_config  # pylint: disable=g-import-not-at-top
+  for name in ("llama3_2_1b", "gemma2_27b", "qwen2_5_7b"):
+    cfg = presets.get_preset(name)
+    assert from_hf_config(to_hf_config(cfg)) == cfg
+
+
+_MESH_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import sys, jax, numpy as np
+    jax.config.update("jax_default_matmul_precision", "highest")
+    sys.path.insert(0, sys.argv[2])
+    import hf_models
+    from swirl_jax import sharding as shd
+    from swirl_jax.models import decoder, hf_io
+    path = sys.argv[1]
+    cfg, single = hf_io.load_hf_dir(path)
+    mesh = shd.make_mesh([("data", 1), ("fsdp", 4), ("tensor", 2)])
+    cfg, params = hf_io.load_hf_dir(path, mesh=mesh)
+    q = params["layers"]["attn"]["q"]
+    assert q.sharding.spec == jax.sharding.PartitionSpec(
+        None, "fsdp", "tensor", None), q.sharding.spec
+    assert params["layers"]["mlp"]["down"].sharding.spec[1:] == (
+        "tensor", "fsdp")
+    # Each device holds a quarter x half of q, not a full copy.
+    shard = q.addressable_shards[0].data
+    assert shard.shape == (q.shape[0], q.shape[1] // 4, q.shape[2] // 2,
+                           q.shape[3]), shard.shape
+    tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (8, 12))
+    ref, _ = decoder.forward(single, cfg, tokens)
+    with shd.use_mesh(mesh):
+      toks = jax.device_put(tokens, shd.data_sharding(mesh, 2))
+      out = jax.jit(lambda p, t: decoder.forward(p, cfg, t)[0])(params,
+                                                              toks)
+    err = float(np.abs(np.asarray(out) - np.asarray(ref)).max())
+    assert err < 1e-4, err
+    print("OK", err)
+""")
+
+
+def test_sharded_forward_on_fake_mesh(tmp_path):
+  hf_models.save_random_model("qwen2", tmp_path, num_attention_heads=4,
+                              num_key_value_heads=2)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  out = subprocess.run(
+      [sys.executable, "-c", _MESH_SCRIPT, str(tmp_path),
+       os.path.dirname(__file__)], capture_output=True, text=True, env=env,
+      timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "OK" in out.stdout
