@@ -1,0 +1,271 @@
+"""Loaders for the question sets, read straight from their files.
+
+Every loader takes a split and a data directory (default:
+`swirl_jax.paths.default_data_dir()`; layout in the data README) and
+returns `Task`s. `load_tasks(name, split, data_dir, limit)` is the one
+entry point; `DATASETS` lists the names and splits. A `tfds:` name (e.g.
+'tfds:gsm8k') reads TensorFlow Datasets instead, if it is installed.
+
+HotPotQA, MuSiQue and the parquet files may hold Python-literal strings
+where JSON would hold lists and dicts; they are parsed with
+`ast.literal_eval`.
+"""
+
+import ast
+import dataclasses
+import json
+import pathlib
+from typing import Callable
+
+from swirl_jax import paths
+from swirl_jax.tasks import records
+from swirl_jax.tasks import synthetic
+
+Task = records.Task
+
+
+def _path(data_dir, rel, what):
+  data_dir = data_dir or paths.default_data_dir()
+  if not data_dir:
+    raise FileNotFoundError(
+        f"{what}: no data directory (expected the file {rel}); pass data_dir "
+        "or set SWIRL_JAX_DATA")
+  path = pathlib.Path(data_dir) / rel
+  if not path.is_file():
+    raise FileNotFoundError(f"{what}: missing file {path}")
+  return path
+
+
+def _literal(x):
+  """A Python-literal string (a list, dict, bool...) parsed; else as is."""
+  if isinstance(x, str) and x[:1] in ("[", "{", "("):
+    return ast.literal_eval(x)
+  if x in ("True", "False"):
+    return x == "True"
+  return x
+
+
+def _read_jsonl(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _read_json(path):
+  with open(path) as f:
+    return json.load(f)
+
+
+def _read_parquet(path):
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  return pq.read_table(path).to_pylist()
+
+
+# ------------------------------------------------------------------ GSM8K.
+
+
+def gsm8k_answer(solution: str) -> str:
+  """The number after '####' in a GSM8K solution, commas removed."""
+  _, sep, tail = solution.rpartition("####")
+  if not sep:
+    raise ValueError(f"no '####' in GSM8K solution: {solution[-80:]!r}")
+  return tail.strip().replace(",", "")
+
+
+def load_gsm8k(split: str = "train", data_dir: str | None = None) -> list[Task]:
+  rows = _read_jsonl(_path(data_dir, f"gsm8k/{split}.jsonl",
+                           f"gsm8k split {split!r}"))
+  return [Task(id=f"gsm8k/{split}/{i}", question=r["question"],
+               answers=(gsm8k_answer(r["answer"]),), source="gsm8k",
+               split=split,
+               metadata={"solution": r["answer"].rpartition("####")[0].strip()})
+          for i, r in enumerate(rows)]
+
+
+# --------------------------------------------------------------- HotPotQA.
+
+_HOTPOTQA_FILES = {"dev": "hotpotqa/dev_distractor_500.jsonl",
+                   "train": "hotpotqa/hotpotqa_train.json"}
+
+
+def load_hotpotqa(split: str = "dev",
+                  data_dir: str | None = None) -> list[Task]:
+  """HotPotQA dev (distractor, 500) or the 100 train questions."""
+  path = _path(data_dir, _HOTPOTQA_FILES[split], f"hotpotqa split {split!r}")
+  rows = _read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
+  return [Task(id=f"hotpotqa/{split}/{r['_id']}", question=r["question"],
+               answers=(r["answer"],), source="hotpotqa", split=split,
+               metadata={"supporting_facts": _literal(r["supporting_facts"]),
+                         "context": _literal(r["context"]),
+                         "type": r.get("type"), "level": r.get("level")})
+          for r in rows]
+
+
+# ---------------------------------------------------------------- MuSiQue.
+
+
+def load_musique(split: str = "train",
+                 data_dir: str | None = None) -> list[Task]:
+  """The 100 MuSiQue train questions; answers include the aliases."""
+  rows = _read_json(_path(data_dir, f"musique/musique_{split}.json",
+                          f"musique split {split!r}"))
+  tasks = []
+  for r in rows:
+    aliases = [a for a in _literal(r.get("answer_aliases", "[]"))
+               if a != r["answer"]]
+    tasks.append(Task(
+        id=f"musique/{split}/{r['id']}", question=r["question"],
+        answers=(r["answer"], *aliases), source="musique", split=split,
+        metadata={"paragraphs": _literal(r["paragraphs"]),
+                  "question_decomposition":
+                      _literal(r["question_decomposition"]),
+                  "answerable": _literal(r.get("answerable", True))}))
+  return tasks
+
+
+# ----------------------------------------------------------- MATH / AIME.
+
+
+def _prompt_text(prompt) -> str:
+  """The (last) user message of a verl-style chat prompt."""
+  messages = _literal(prompt)
+  users = [m["content"] for m in messages if m.get("role") == "user"]
+  return (users or [messages[-1]["content"]])[-1]
+
+
+def _verl_tasks(path, source, split):
+  tasks = []
+  for i, r in enumerate(_read_parquet(path)):
+    extra = _literal(r.get("extra_info")) or {}
+    gold = _literal(r["reward_model"])["ground_truth"]
+    meta = {k: extra[k] for k in ("level", "index") if k in extra}
+    for k in ("subject", "solution", "unique_id"):
+      if r.get(k) is not None:
+        meta[k] = r[k]
+    tid = r.get("unique_id") or r.get("id") or extra.get("index", i)
+    tasks.append(Task(id=f"{source}/{split}/{tid}",
+                      question=_prompt_text(r["prompt"]),
+                      answers=(str(gold),), source=source, split=split,
+                      metadata=meta))
+  return tasks
+
+
+_MATH_FILES = {"train": "math/math_train_l3to5.parquet",
+               "test": "math/math500.parquet"}
+
+
+def load_math(split: str = "train", data_dir: str | None = None) -> list[Task]:
+  """MATH train (levels 3-5, 8,523) or test (MATH500).
+
+  Two train problems (multiple choice) have an empty gold answer upstream;
+  they are kept, so filter on `task.answer` to drop them.
+  """
+  return _verl_tasks(_path(data_dir, _MATH_FILES[split],
+                           f"math split {split!r}"), "math", split)
+
+
+def load_aime(split: str = "2024", data_dir: str | None = None) -> list[Task]:
+  """AIME 2024 or 2025 (30 problems each)."""
+  rel = {"2024": "math/aime24.parquet", "2025": "math/aime25.parquet"}[split]
+  return _verl_tasks(_path(data_dir, rel, f"aime split {split!r}"), "aime",
+                     split)
+
+
+# --------------------------------------------------------------- Registry.
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  loader: Callable[..., list[Task]]  # (split, data_dir, limit) -> tasks.
+  splits: tuple[str, ...]            # The first is the default.
+
+
+def _files(fn):
+  return lambda split, data_dir, limit: fn(split, data_dir)
+
+
+def _fixed(fn, split):
+  return lambda _, data_dir, limit: fn(split, data_dir)
+
+
+DATASETS = {
+    "gsm8k": DatasetSpec(_files(load_gsm8k), ("train", "test")),
+    "hotpotqa": DatasetSpec(_files(load_hotpotqa), ("dev", "train")),
+    "musique": DatasetSpec(_files(load_musique), ("train",)),
+    "math": DatasetSpec(_files(load_math), ("train", "test")),
+    "math500": DatasetSpec(_fixed(load_math, "test"), ("test",)),
+    "aime": DatasetSpec(_files(load_aime), ("2024", "2025")),
+    "aime24": DatasetSpec(_fixed(load_aime, "2024"), ("test",)),
+    "aime25": DatasetSpec(_fixed(load_aime, "2025"), ("test",)),
+    # Synthetic sets are generated: `limit` is their size (default 100).
+    "synthetic_arith": DatasetSpec(
+        lambda split, _, limit: synthetic.arithmetic_tasks(
+            limit or 100, seed=synthetic.SPLIT_SEEDS[split], split=split),
+        ("train", "test")),
+    "synthetic_multihop": DatasetSpec(
+        lambda split, _, limit: synthetic.multihop_tasks(
+            limit or 100, seed=synthetic.SPLIT_SEEDS[split], split=split),
+        ("train", "test")),
+}
+
+
+def load_tasks(name: str, split: str | None = None,
+               data_dir: str | None = None,
+               limit: int | None = None) -> list[Task]:
+  """Tasks of dataset `name` (see DATASETS, or 'tfds:<name>'), in file
+  order, the first `limit` of them."""
+  if name.startswith("tfds:"):
+    return _load_tfds(name[len("tfds:"):], split or "test", limit)
+  if name not in DATASETS:
+    raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)} "
+                     "or 'tfds:<name>'")
+  spec = DATASETS[name]
+  split = spec.splits[0] if split is None else str(split)
+  if split not in spec.splits:
+    raise ValueError(f"dataset {name!r} has no split {split!r}; splits: "
+                     f"{spec.splits}")
+  tasks = spec.loader(split, data_dir, limit)
+  return tasks if limit is None else tasks[:limit]
+
+
+def _load_tfds(name, split, limit):
+  """`question` / `answer` examples of a TFDS dataset (GSM8K-style)."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        f"dataset 'tfds:{name}' needs tensorflow_datasets, which is not "
+        "installed (pip install tensorflow-datasets tensorflow)") from e
+  source = name.split("/")[0].split(":")[0]
+  examples = tfds.as_numpy(tfds.load(name, split=split))
+  tasks = []
+  for i, ex in enumerate(examples):
+    if limit is not None and i >= limit:
+      break
+    text = {k: v.decode() if isinstance(v, bytes) else v
+            for k, v in ex.items()}
+    answer = text.get("answer", "")
+    if source == "gsm8k":
+      answer = gsm8k_answer(answer)
+    tasks.append(Task(id=f"{source}/{split}/{i}", question=text["question"],
+                      answers=(str(answer),), source=source, split=split))
+  return tasks
+
+
+def task_corpus(name: str, split: str | None = None,
+                data_dir: str | None = None):
+  """The search corpus that goes with a QA dataset, as `Passage`s."""
+  from swirl_jax.tools import search  # pylint: disable=g-import-not-at-top
+  if name == "hotpotqa" and split in (None, "dev"):
+    return search.hotpotqa_context_passages(
+        _path(data_dir, _HOTPOTQA_FILES["dev"], "hotpotqa dev corpus"))
+  if name == "hotpotqa" and split == "train":
+    return search.load_title_text_json(_path(
+        data_dir, "hotpotqa/hotpotqa_train_corpus.json", "hotpotqa corpus"))
+  if name == "musique":
+    return search.load_title_text_json(_path(
+        data_dir, "musique/musique_train_corpus.json", "musique corpus"))
+  if name == "synthetic_multihop":
+    return synthetic.multihop_corpus(seed=synthetic.SPLIT_SEEDS[
+        split or "train"])
+  raise ValueError(f"no search corpus for dataset {name!r} split {split!r}")
+

@@ -1,0 +1,349 @@
+"""Synthetic tasks with known solution graphs, for CPU-size runs.
+
+Two families, each fully determined by its seed:
+
+- Arithmetic word problems (`arithmetic_tasks`): 2 to 4 steps, each one
+  operation on the problem's numbers or on earlier results. The solution
+  graph lists the steps: operands, the expression with numbers filled in
+  (what a calculator call would send) and its value. For the calculator
+  and the Python tool.
+- Multi-hop questions over a generated world (`multihop_tasks`): invented
+  products, companies, people and cities, described by `{title, text}`
+  paragraphs (`multihop_corpus`, write it with `write_corpus_jsonl` for
+  `SearchTool`). "Who founded the company that makes the X?" needs one
+  search per hop; every other paragraph is a distractor. The solution graph
+  lists the hops: query, entity, relation, answer, gold paragraph.
+
+`reference_turns(task)` gives a gold trajectory in the SWiRL format
+(`<math_exp>` / `<search_query>` steps, then `<answer>`), with the
+observations a tool would return, for use as demonstrations.
+"""
+
+import json
+import operator
+import pathlib
+import random
+
+from swirl_jax.tasks import records
+
+Task = records.Task
+SPLIT_SEEDS = {"train": 0, "test": 1}
+
+# --------------------------------------------------------------- arithmetic.
+
+_NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo",
+          "Ines", "Jonas", "Kira", "Liam", "Maya", "Noah", "Olga", "Pablo")
+_ITEMS = ("marbles", "stickers", "apples", "cards", "shells", "stamps",
+          "beads", "coins")
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul,
+        "/": operator.truediv}
+
+# Each step: (left, op, right, what it computes). Operands name a number of
+# the problem, an earlier step (s1, s2, ...), or are literal integers.
+_ARITH_TEMPLATES = (
+    dict(text="{name} has {a} {item}. {name} buys {b} boxes with {c} {item} "
+              "in each box. How many {item} does {name} have now?",
+         vars=dict(a=(5, 60), b=(2, 9), c=(3, 12)),
+         steps=(("b", "*", "c", "number of {item} in the boxes"),
+                ("a", "+", "s1", "total number of {item}"))),
+    dict(text="{name} reads {a} pages every day for {b} days. The book has "
+              "{c} pages. How many pages are left to read?",
+         vars=dict(a=(5, 30), b=(2, 10), c=(100, 400)),
+         steps=(("a", "*", "b", "number of pages read"),
+                ("c", "-", "s1", "number of pages left"))),
+    dict(text="{name} has {a} {item} and gives away {b} of them. {name} "
+              "splits the rest equally into {c} bags. How many {item} are in "
+              "each bag?",
+         vars=dict(a=(20, 120), b=(2, 40), c=(2, 9)),
+         steps=(("a", "-", "b", "number of {item} left"),
+                ("s1", "/", "c", "number of {item} in each bag"))),
+    dict(text="{name} buys {a} notebooks at ${p} each and {b} pens at ${q} "
+              "each. How much does {name} spend in total?",
+         vars=dict(a=(2, 9), p=(2, 15), b=(2, 12), q=(1, 6)),
+         steps=(("a", "*", "p", "cost of the notebooks"),
+                ("b", "*", "q", "cost of the pens"),
+                ("s1", "+", "s2", "total cost"))),
+    dict(text="A farm has {a} cows and {b} chickens. Each cow has 4 legs and "
+              "each chicken has 2 legs. How many legs are there on the farm?",
+         vars=dict(a=(3, 40), b=(3, 60)),
+         steps=(("a", "*", 4, "number of cow legs"),
+                ("b", "*", 2, "number of chicken legs"),
+                ("s1", "+", "s2", "total number of legs"))),
+    dict(text="{name} earns ${a} per hour and works {b} hours a day for {c} "
+              "days, then spends ${d}. How many dollars does {name} have "
+              "left?",
+         vars=dict(a=(8, 30), b=(2, 8), c=(2, 6), d=(10, 200)),
+         steps=(("a", "*", "b", "daily earnings"),
+                ("s1", "*", "c", "total earnings"),
+                ("s2", "-", "d", "money left"))),
+    dict(text="{name} buys {a} notebooks at ${p} each and {b} pens at ${q} "
+              "each, and pays with a ${m} bill. How much change does {name} "
+              "get?",
+         vars=dict(a=(2, 6), p=(2, 9), b=(2, 8), q=(1, 5), m=(100, 100)),
+         steps=(("a", "*", "p", "cost of the notebooks"),
+                ("b", "*", "q", "cost of the pens"),
+                ("s1", "+", "s2", "total cost"),
+                ("m", "-", "s3", "change"))),
+    dict(text="A bakery bakes {a} trays of {b} muffins. It sells {c} muffins "
+              "in the morning and {d} in the afternoon, and packs the rest "
+              "equally into {e} boxes. How many muffins go in each box?",
+         vars=dict(a=(3, 12), b=(6, 24), c=(5, 40), d=(5, 40), e=(2, 8)),
+         steps=(("a", "*", "b", "number of muffins baked"),
+                ("c", "+", "d", "number of muffins sold"),
+                ("s1", "-", "s2", "number of muffins left"),
+                ("s3", "/", "e", "number of muffins per box"))),
+)
+
+
+def _solve(template, values):
+  """The steps with numbers filled in, or None if a step is not a
+  non-negative integer (the caller then draws new numbers)."""
+  env, steps = dict(values), []
+  for i, (left, op, right, what) in enumerate(template["steps"], 1):
+    a, b = (env[x] if isinstance(x, str) else x for x in (left, right))
+    value = _OPS[op](a, b)
+    if value < 0 or value != int(value):
+      return None
+    value = int(value)
+    env[f"s{i}"] = value
+    steps.append({"step": i, "operands": [left, right], "op": op,
+                  "expression": f"{a}{op}{b}", "value": value,
+                  "description": what})
+  return steps
+
+
+def _arith_task(rng, index, split, seed):
+  t_idx = rng.randrange(len(_ARITH_TEMPLATES))
+  template = _ARITH_TEMPLATES[t_idx]
+  name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+  while True:
+    values = {k: rng.randint(lo, hi) for k, (lo, hi) in
+              template["vars"].items()}
+    steps = _solve(template, values)
+    if steps is not None and steps[-1]["value"] > 0:
+      break
+  for s in steps:
+    s["description"] = s["description"].format(item=item)
+  question = template["text"].format(name=name, item=item, **values)
+  return Task(id=f"synthetic_arith/{split}/{index}", question=question,
+              answers=(str(steps[-1]["value"]),), source="synthetic_arith",
+              split=split,
+              metadata={"solution_graph": steps, "quantities": values,
+                        "template": t_idx, "seed": seed})
+
+
+def arithmetic_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
+  """`n` arithmetic word problems; the same seed gives the same tasks."""
+  rng = random.Random(f"arith/{seed}")
+  return [_arith_task(rng, i, split, seed) for i in range(n)]
+
+
+# ---------------------------------------------------------------- multi-hop.
+
+_SYLLABLES = ("ka", "lo", "mir", "ven", "ta", "zor", "qui", "bel", "dra",
+              "nu", "sel", "rin", "vo", "tam", "ex", "ol", "pra", "sun", "gai",
+              "fen", "ru", "cal", "mo", "thi")
+_COMPANY_SUFFIXES = ("Dynamics", "Industries", "Labs", "Works", "Systems",
+                     "Holdings")
+_PRODUCT_KINDS = ("tablet", "bicycle", "synthesizer", "drone", "camera",
+                  "kettle", "telescope", "scooter")
+_INDUSTRIES = ("technology", "manufacturing", "electronics", "design",
+               "engineering")
+_JOBS = ("engineer", "inventor", "designer", "chemist", "entrepreneur")
+
+
+def _word(rng, parts):
+  return "".join(rng.choice(_SYLLABLES) for _ in range(parts)).capitalize()
+
+
+class _Namer:
+  """Invented names, never repeated within a world."""
+
+  def __init__(self, rng):
+    self.rng, self.used = rng, set()
+
+  def __call__(self, make):
+    while True:
+      name = make(self.rng)
+      if name not in self.used:
+        self.used.add(name)
+        return name
+
+
+def _make_world(seed, num_companies):
+  rng = random.Random(f"world/{seed}")
+  new = _Namer(rng)
+  countries = [new(lambda r: _word(r, 3) + "ia") for _ in range(6)]
+  cities = [{"name": new(lambda r: _word(r, 2) + " " + _word(r, 1)),
+             "country": rng.choice(countries),
+             "population": rng.randrange(20, 900) * 1000}
+            for _ in range(max(8, num_companies))]
+  people = [{"name": new(lambda r: _word(r, 2) + " " + _word(r, 2)),
+             "job": rng.choice(_JOBS), "born": rng.randint(1930, 1990),
+             "city": rng.choice(cities)["name"]}
+            for _ in range(num_companies * 3 // 2)]
+  companies, products = [], []
+  for i in range(num_companies):
+    company = {"name": new(lambda r: _word(r, 2) + " "
+                           + r.choice(_COMPANY_SUFFIXES)),
+               "industry": rng.choice(_INDUSTRIES),
+               "founded": rng.randint(1950, 2015),
+               "founder": people[i]["name"],
+               "city": rng.choice(cities)["name"]}
+    companies.append(company)
+    for _ in range(2):
+      kind = rng.choice(_PRODUCT_KINDS)
+      products.append({"name": new(lambda r, k=kind: _word(r, 2) + " " + k),
+                       "kind": kind, "maker": company["name"],
+                       "year": rng.randint(company["founded"], 2023)})
+  return {"cities": cities, "people": people, "companies": companies,
+          "products": products}
+
+
+def _a(word):
+  return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def _paragraphs(world):
+  """Title -> text for every entity of the world."""
+  out = {}
+  for p in world["products"]:
+    out[p["name"]] = (f"The {p['name']} is {_a(p['kind'])} made by "
+                      f"{p['maker']}. It was first released in {p['year']}.")
+  for c in world["companies"]:
+    out[c["name"]] = (f"{c['name']} is {_a(c['industry'])} company founded in "
+                      f"{c['founded']} by {c['founder']}. Its headquarters "
+                      f"are in {c['city']}.")
+  for p in world["people"]:
+    out[p["name"]] = (f"{p['name']} is {_a(p['job'])} born in {p['born']} "
+                      f"in {p['city']}.")
+  for c in world["cities"]:
+    out[c["name"]] = (f"{c['name']} is a city in {c['country']}, with about "
+                      f"{c['population']:,} inhabitants.")
+  return out
+
+
+def multihop_corpus(seed: int = 0, num_companies: int = 50) -> list[dict]:
+  """The world's paragraphs as `{title, text}` rows (search corpus)."""
+  return [{"title": t, "text": x} for t, x in
+          _paragraphs(_make_world(seed, num_companies)).items()]
+
+
+def write_corpus_jsonl(corpus, path) -> None:
+  """Writes `{title, text}` rows as JSONL (read by search.load_corpus)."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("w") as f:
+    for row in corpus:
+      f.write(json.dumps({"title": row["title"], "text": row["text"]}) + "\n")
+
+
+_QUESTIONS = {
+    "founder": "Who founded the company that makes the {product}?",
+    "headquarters": "In which city is the company that makes the {product} "
+                    "headquartered?",
+    "founder_birthplace": "In which city was the founder of the company that "
+                          "makes the {product} born?",
+    "headquarters_country": "In which country are the headquarters of the "
+                            "company that makes the {product}?",
+}
+
+
+def _hops(kind, product, world, paragraphs):
+  company = next(c for c in world["companies"]
+                 if c["name"] == product["maker"])
+  hop = lambda entity, relation, answer: {
+      "query": entity, "entity": entity, "relation": relation,
+      "answer": answer, "title": entity, "paragraph": paragraphs[entity]}
+  hops = [hop(product["name"], "made by", company["name"])]
+  if kind in ("founder", "founder_birthplace"):
+    hops.append(hop(company["name"], "founded by", company["founder"]))
+    if kind == "founder_birthplace":
+      person = next(p for p in world["people"]
+                    if p["name"] == company["founder"])
+      hops.append(hop(person["name"], "born in", person["city"]))
+  else:
+    hops.append(hop(company["name"], "headquartered in", company["city"]))
+    if kind == "headquarters_country":
+      city = next(c for c in world["cities"] if c["name"] == company["city"])
+      hops.append(hop(city["name"], "in country", city["country"]))
+  return hops
+
+
+def multihop_tasks(n: int, seed: int = 0, split: str = "train",
+                   num_companies: int = 50) -> list[Task]:
+  """`n` distinct multi-hop questions over the world `multihop_corpus(seed,
+  num_companies)` describes; the same seed gives the same tasks."""
+  world = _make_world(seed, num_companies)
+  paragraphs = _paragraphs(world)
+  pool = [(kind, i) for i in range(len(world["products"]))
+          for kind in _QUESTIONS]
+  if n > len(pool):
+    raise ValueError(f"only {len(pool)} distinct questions with "
+                     f"num_companies={num_companies}; asked for {n}")
+  rng = random.Random(f"multihop/{seed}")
+  tasks = []
+  for index, (kind, i) in enumerate(rng.sample(pool, n)):
+    product = world["products"][i]
+    hops = _hops(kind, product, world, paragraphs)
+    tasks.append(Task(
+        id=f"synthetic_multihop/{split}/{index}",
+        question=_QUESTIONS[kind].format(product=product["name"]),
+        answers=(hops[-1]["answer"],), source="synthetic_multihop",
+        split=split,
+        metadata={"solution_graph": hops, "kind": kind, "seed": seed,
+                  "num_companies": num_companies}))
+  return tasks
+
+
+# ------------------------------------------------------ reference solutions.
+
+_NEEDS = {"made by": "which company makes the {}",
+          "founded by": "who founded {}", "born in": "where {} was born",
+          "headquartered in": "where {} is headquartered",
+          "in country": "which country {} is in"}
+
+
+def reference_turns(task: Task, observe=None) -> list[dict]:
+  """The gold trajectory of a synthetic task in the SWiRL format.
+
+  Returns one dict per model turn: `action` (reasoning and one tag) and
+  `observation` (what the tool returns; None after the answer). By default
+  observations are what the calculator returns for the step, or the gold
+  paragraph alone in the search tool's format; pass
+  `observe(tool, argument) -> str` to use live tools instead.
+  """
+  graph = task.metadata["solution_graph"]
+  turns = []
+  if task.source == "synthetic_arith":
+    for s in graph:
+      action = (f"Next I need the {s['description']}.\n"
+                f"<math_exp>{s['expression']}</math_exp>")
+      obs = (observe("calculator", s["expression"]) if observe else
+             f"{s['expression']} -> {s['value']}")
+      turns.append({"action": action, "observation": obs})
+    final = f"The {graph[-1]['description']} is {task.answer}."
+  elif task.source == "synthetic_multihop":
+    for h in graph:
+      need = _NEEDS[h["relation"]].format(h["entity"])
+      action = (f"I need to find out {need}.\n"
+                f"<search_query>{h['query']}</search_query>")
+      obs = (observe("search", h["query"]) if observe else
+             f"{h['query']} -> [1] {h['title']}: {h['paragraph']}")
+      turns.append({"action": action, "observation": obs})
+    final = f"So the answer is {task.answer}."
+  else:
+    raise ValueError(f"no reference trajectory for source {task.source!r}")
+  turns.append({"action": f"{final}\n<answer>{task.answer}</answer>",
+                "observation": None})
+  return turns
+
+
+def reference_trajectory(task: Task, observe=None) -> str:
+  """`reference_turns` as one text: action, observation, action, ..."""
+  parts = []
+  for turn in reference_turns(task, observe):
+    parts.append(turn["action"])
+    if turn["observation"] is not None:
+      parts.append(turn["observation"])
+  return "\n".join(parts)

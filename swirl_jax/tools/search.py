@@ -1,0 +1,259 @@
+"""The `<search_query>` tool: BM25 (bm25s) over a local paragraph corpus.
+
+A corpus is a list of `Passage(title, text)`. Loaders read HotPotQA
+paragraphs (from a question file's `context`, or from the title -> text
+corpus JSON), the MuSiQue corpus, and any JSONL of `{"title", "text"}`.
+Each passage is indexed as its title and text together, which finds the
+gold HotPotQA paragraph noticeably more often than the text alone.
+
+The index is built once per corpus: it is cached in memory, and on disk
+under `cache_dir` when given, keyed by a hash of the corpus content and the
+tokeniser and scoring settings (bm25s `save` / `load`).
+
+The observation is `QUERY -> [1] Title: text ... [2] Title: text`, each
+passage cut to `max_chars` characters.
+"""
+
+import ast
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+import threading
+
+import bm25s
+import numpy as np
+
+# Everything that changes the index is part of its cache key.
+_SETTINGS = {"lower": True, "stopwords": "en", "k1": 1.5, "b": 0.75,
+             "method": "lucene", "title_in_text": True,
+             "bm25s": getattr(bm25s, "__version__", "?")}
+_MEMORY_CACHE = {}
+_MEMORY_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Passage:
+  title: str
+  text: str
+
+
+# ---------------------------------------------------------------- loaders.
+
+
+def _literal(x):
+  """HotPotQA fields may be Python-literal strings instead of JSON."""
+  return ast.literal_eval(x) if isinstance(x, str) else x
+
+
+def _text(value) -> str:
+  """Paragraph text from a string or a list of sentences (joined as is:
+  HotPotQA sentences carry their own leading spaces)."""
+  if isinstance(value, str):
+    return value
+  return "".join(value)
+
+
+def _read_json_or_jsonl(path):
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"corpus file not found: {path}")
+  if path.suffix == ".jsonl":
+    with path.open() as f:
+      return [json.loads(line) for line in f if line.strip()]
+  with path.open() as f:
+    return json.load(f)
+
+
+def unique_passages(pairs) -> list[Passage]:
+  """Passages from (title, text) pairs, first occurrence kept, in order."""
+  seen, out = set(), []
+  for title, text in pairs:
+    key = (title, text)
+    if key not in seen:
+      seen.add(key)
+      out.append(Passage(title, text))
+  return out
+
+
+def hotpotqa_context_passages(path) -> list[Passage]:
+  """The unique paragraphs of a HotPotQA question file's `context` fields
+  (JSONL or a JSON list; fields may be Python-literal strings)."""
+  rows = _read_json_or_jsonl(path)
+  return unique_passages((title, _text(sentences))
+                         for row in rows
+                         for title, sentences in _literal(row["context"]))
+
+
+def load_title_text_json(path) -> list[Passage]:
+  """A JSON object title -> text (or sentence list), like the HotPotQA
+  train corpus; or a JSON list / JSONL of `{title, text}` rows."""
+  data = _read_json_or_jsonl(path)
+  if isinstance(data, dict):
+    return [Passage(str(t), _text(v)) for t, v in data.items()]
+  return [Passage(str(r.get("title", "")), _text(r.get("text", "")))
+          for r in data]
+
+
+def load_corpus(path) -> list[Passage]:
+  """Any corpus file this module knows, by shape: a title -> text object,
+  `{title, text}` rows (the MuSiQue corpus, JSONL corpora), or question
+  rows with a HotPotQA `context`."""
+  data = _read_json_or_jsonl(path)
+  if isinstance(data, list) and data and "context" in data[0]:
+    return hotpotqa_context_passages(path)
+  return load_title_text_json(path)
+
+
+def write_jsonl(passages, path) -> None:
+  """Writes passages as JSONL `{title, text}`, readable by `load_corpus`."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("w") as f:
+    for p in passages:
+      p = p if isinstance(p, Passage) else Passage(p["title"], p["text"])
+      f.write(json.dumps({"title": p.title, "text": p.text}) + "\n")
+
+
+# ------------------------------------------------------------------ index.
+
+
+def _as_passages(corpus):
+  out = []
+  for p in corpus:
+    if isinstance(p, Passage):
+      out.append(p)
+    elif isinstance(p, dict):
+      out.append(Passage(str(p.get("title", "")), str(p.get("text", ""))))
+    else:
+      out.append(Passage(str(p[0]), str(p[1])))
+  return out
+
+
+def corpus_key(passages) -> str:
+  """Hash of the corpus content and the index settings."""
+  h = hashlib.sha256(json.dumps(_SETTINGS, sort_keys=True).encode())
+  for p in passages:
+    for field in (p.title, p.text):
+      data = field.encode()
+      h.update(len(data).to_bytes(8, "little"))
+      h.update(data)
+  return h.hexdigest()[:32]
+
+
+def _tokenize(texts, return_ids):
+  return bm25s.tokenize(texts, lower=_SETTINGS["lower"],
+                        stopwords=_SETTINGS["stopwords"],
+                        return_ids=return_ids, show_progress=False)
+
+
+def _doc_text(p):
+  return f"{p.title}\n{p.text}" if _SETTINGS["title_in_text"] else p.text
+
+
+def _build(passages):
+  retriever = bm25s.BM25(k1=_SETTINGS["k1"], b=_SETTINGS["b"],
+                         method=_SETTINGS["method"])
+  retriever.index(_tokenize([_doc_text(p) for p in passages], True),
+                  show_progress=False)
+  return retriever
+
+
+def _load_or_build(passages, key, cache_dir):
+  if cache_dir is None:
+    return _build(passages)
+  path = pathlib.Path(cache_dir) / f"bm25_{key}"
+  if (path / "params.index.json").is_file():
+    try:
+      return bm25s.BM25.load(str(path), load_vocab=True, show_progress=False,
+                             verbosity=0)
+    except Exception:  # pylint: disable=broad-except
+      pass  # A damaged cache entry is rebuilt below.
+  retriever = _build(passages)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=path.parent, prefix=".tmp_bm25_")
+  try:
+    retriever.save(tmp, show_progress=False)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)  # Readers never see a half-written index.
+  except OSError:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return retriever
+
+
+def get_index(passages, cache_dir=None):
+  """(BM25 index of `passages`, its lock), from memory, disk, or built.
+
+  Tools over the same corpus share one index and one lock.
+  """
+  key = corpus_key(passages)
+  with _MEMORY_LOCK:
+    if key not in _MEMORY_CACHE:
+      _MEMORY_CACHE[key] = (_load_or_build(passages, key, cache_dir),
+                            threading.Lock())
+    return _MEMORY_CACHE[key]
+
+
+# ------------------------------------------------------------------- tool.
+
+
+def _cut(text, max_chars):
+  text = " ".join(text.split())
+  if len(text) <= max_chars:
+    return text
+  cut = text[:max_chars]
+  space = cut.rfind(" ")
+  return (cut[:space] if space > max_chars // 2 else cut) + " ..."
+
+
+class SearchTool:
+  """BM25 search over a fixed corpus.
+
+  `tool(query)` gives the observation text; `retrieve(queries, k)` gives
+  passage indices, best first; `search(query)` gives passages.
+  """
+
+  def __init__(self, corpus, k: int = 5, max_chars: int = 500,
+               cache_dir: str | None = None):
+    self.passages = _as_passages(corpus)
+    if not self.passages:
+      raise ValueError("SearchTool needs a non-empty corpus")
+    self.k = k
+    self.max_chars = max_chars
+    self._index, self._lock = get_index(self.passages, cache_dir)
+
+  def retrieve(self, queries, k: int | None = None) -> list[list[int]]:
+    """Indices of the top-k passages per query; passages with no query
+    term in common are left out."""
+    k = min(self.k if k is None else k, len(self.passages))
+    queries = [str(q) for q in queries]
+    if not queries or k <= 0:
+      return [[] for _ in queries]
+    tokens = _tokenize(queries, False)
+    with self._lock:
+      docs, scores = self._index.retrieve(tokens, k=k, show_progress=False,
+                                          n_threads=0)
+    return [[int(d) for d, s in zip(row_d, row_s) if s > 0]
+            for row_d, row_s in zip(np.asarray(docs), np.asarray(scores))]
+
+  def search(self, query: str, k: int | None = None) -> list[Passage]:
+    return [self.passages[i] for i in self.retrieve([query], k)[0]]
+
+  def __call__(self, query: str) -> str:
+    return self.observation(query, self.search(query))
+
+  def batch(self, queries) -> list[str]:
+    hits = self.retrieve(queries)
+    return [self.observation(q, [self.passages[i] for i in ids])
+            for q, ids in zip(queries, hits)]
+
+  def observation(self, query, passages) -> str:
+    query = " ".join(str(query).split())
+    if not passages:
+      return f"{query} -> No results."
+    lines = [f"[{i}] {p.title}: {_cut(p.text, self.max_chars)}"
+             for i, p in enumerate(passages, 1)]
+    return f"{query} -> " + "\n".join(lines)
