@@ -8,6 +8,14 @@ from typing import Callable
 
 JOBS: dict[str, str] = {
     "chat": "swirl_jax.chat:run",
+    "swirl_pipeline": "swirl_jax.swirl.jobs:run_pipeline",
+    "swirl_stage1": "swirl_jax.swirl.jobs:run_stage1_job",
+    "swirl_filter": "swirl_jax.swirl.jobs:run_filter_job",
+    "swirl_rl": "swirl_jax.swirl.jobs:run_rl_job",
+    "swirl_sft": "swirl_jax.swirl.jobs:run_sft_job",
+    "swirl_eval": "swirl_jax.swirl.jobs:run_eval_job",
+    "simpletir_train": "swirl_jax.simpletir.train:run",
+    "simpletir_eval": "swirl_jax.simpletir.evaluate:run",
 }
 
 

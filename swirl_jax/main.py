@@ -37,6 +37,9 @@ def main(argv):
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
     job = jobs.get(config.get("job", ""))
+  except OSError as e:  # ml_collections defers a failed config load.
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    sys.exit(f"error: cannot load --config: {lines[-1] if lines else e}")
   except KeyError as e:
     sys.exit(f"error: {e.args[0]}")
   os.makedirs(workdir, exist_ok=True)
@@ -45,5 +48,17 @@ def main(argv):
   job(config, workdir)
 
 
+def _parse_flags(argv):
+  """absl flag parsing, with a bad config reported in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, OSError, KeyError, AttributeError, ValueError) as e:
+    text = str(e).replace("\\n", "\n")
+    lines = [l.strip().strip("'\"") for l in text.splitlines() if l.strip()]
+    if isinstance(e, (KeyError, AttributeError)):  # --config.bad.key=...
+      sys.exit(f"error: unknown config key {' '.join(lines)}")
+    sys.exit(f"error: {lines[-1] if lines else type(e).__name__}")
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
