@@ -5,12 +5,24 @@
                                | a corpus file (JSON or JSONL)
 """
 
+import contextlib
 from typing import Callable
 
 from swirl_jax.tools import calculator, sandbox, search
 
 BatchTool = Callable[[list[str]], list[str]]
 TOOLS = ("calculator", "search", "python")
+_FORBIDDEN: list[str] = []  # Reasons tools may not be built right now.
+
+
+@contextlib.contextmanager
+def forbidden(reason: str):
+  """No tool can be built inside this block (e.g. SWiRL stage 2)."""
+  _FORBIDDEN.append(reason)
+  try:
+    yield
+  finally:
+    _FORBIDDEN.pop()
 
 
 def _corpus(spec: str, data_dir: str | None):
@@ -26,6 +38,8 @@ def build_tools(names, *, search_corpus: str = "", search_k: int = 3,
                 sandbox_timeout_s: float = 3.0,
                 sandbox_memory_mb: int = 512) -> dict[str, BatchTool]:
   """Batch callables for the named tools (each owns its workers)."""
+  if _FORBIDDEN:
+    raise RuntimeError(f"tools requested where none may run: {_FORBIDDEN[-1]}")
   out = {}
   for name in names:
     if name == "calculator":

@@ -1,0 +1,25 @@
+r"""SimpleTIR with void-turn filtering off (the ablation of the paper).
+
+  python -m swirl_jax.main \
+      --config=configs/ablations/simpletir_no_void_filter.py:model=smollm2_135m,runlocal \
+      --workdir=/tmp/simpletir_novoid
+
+Same args as configs/simpletir_math.py; `filter_void` is forced off.
+"""
+
+import importlib.util
+import os
+
+
+def _base():
+  path = os.path.join(os.path.dirname(__file__), "..", "simpletir_math.py")
+  spec = importlib.util.spec_from_file_location("simpletir_math", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def get_config(arg=None):
+  c = _base().get_config(arg)
+  c.grpo.filter_void = False
+  return c

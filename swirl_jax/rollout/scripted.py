@@ -1,0 +1,84 @@
+"""A sampler that replays fixed texts: the rollout loop without a model.
+
+It speaks the `Sampler` interface the loop uses (`generate`, `extend`,
+`select`), tokenising each scripted turn with the real tokenizer, so loop
+logic, records and masks can be checked exactly; demonstrations of
+synthetic tasks are recorded with it too.
+"""
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class ScriptedState:
+  rows: list[int]  # Script index of each row.
+  turns: list[int]  # Next turn of each row.
+  consumed: bool = False
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.rows)
+
+
+@dataclasses.dataclass
+class ScriptedResult:
+  tokens: list[list[int]]
+  logprobs: list[np.ndarray]
+  texts: list[str]
+  stop_reasons: list[str | None]
+  matched_stops: list[str | None]
+  state: ScriptedState
+
+
+class ScriptedSampler:
+  """Row i of the first `generate` replays `script(i, turn)` each turn.
+
+  `script(row, turn) -> str` gives the text of that turn ('' ends it with
+  EOS). A text is cut after its first stop string, as a sampler would.
+  """
+
+  def __init__(self, tokenizer, script: Callable[[int, int], str]):
+    self.tokenizer, self.script = tokenizer, script
+    self.extended: list[list[list[int]]] = []  # Observations seen, per call.
+
+  def generate(self, prompts=None, max_new_tokens=256, stop_strings=(),
+               temperature=0.0, top_k=0, top_p=1.0, seed=None, *,
+               state: ScriptedState | None = None,
+               rows: Sequence[int] | None = None) -> ScriptedResult:
+    del temperature, top_k, top_p, seed
+    if state is None:
+      state = ScriptedState(list(range(len(prompts))), [0] * len(prompts))
+    n = state.num_rows
+    budget = np.broadcast_to(np.asarray(max_new_tokens), (n,))
+    active = range(n) if rows is None else rows
+    out = ScriptedResult([[] for _ in range(n)], [np.zeros(0)] * n,
+                         [""] * n, [None] * n, [None] * n, state)
+    for j in active:
+      text = self.script(state.rows[j], state.turns[j])
+      state.turns[j] += 1
+      reason, matched = "eos", None
+      hits = [(text.find(s), s) for s in stop_strings if s in text]
+      if hits:
+        pos, matched = min(hits)
+        text, reason = text[:pos + len(matched)], "stop"
+      ids = self.tokenizer.encode_continuation(text) if text else []
+      if reason == "eos":
+        ids = ids + [self.tokenizer.eos_id]
+      if len(ids) > budget[j]:
+        ids, reason, matched = ids[:budget[j]], "length", None
+        text = self.tokenizer.decode(ids)
+      out.tokens[j], out.texts[j] = ids, text
+      out.logprobs[j] = np.full(len(ids), -0.5, np.float32)
+      out.stop_reasons[j], out.matched_stops[j] = reason, matched
+    return out
+
+  def extend(self, state: ScriptedState, observations) -> ScriptedState:
+    self.extended.append([list(o or []) for o in observations])
+    return state
+
+  def select(self, state: ScriptedState, rows) -> ScriptedState:
+    return ScriptedState([state.rows[r] for r in rows],
+                         [state.turns[r] for r in rows])

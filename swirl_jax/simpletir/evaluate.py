@@ -1,0 +1,46 @@
+"""SimpleTIR evaluation: avg@k and pass@k on MATH500, AIME 2024/2025, GSM8K.
+
+10 turns at evaluation (5 in training), k samples per problem.
+"""
+
+import json
+import pathlib
+
+from absl import logging
+
+from swirl_jax.evaluation import agent_eval
+from swirl_jax.models import loading
+from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from swirl_jax.tasks import datasets
+from swirl_jax.tools import registry
+
+
+def run(config, workdir: str) -> dict:
+  c = config
+  out = pathlib.Path(workdir) / "eval"
+  cfg, params, tok = loading.load_policy(c.model, seed=c.seed)
+  tools = registry.from_config(c.tools)
+  sampler = Sampler(params, cfg, tok, SamplerConfig.from_config(c.sampler))
+  e = c.eval
+  rc = dict(c.rollout, max_turns=e.max_turns, temperature=e.temperature,
+            seed=c.seed)
+  loop = loop_lib.RolloutLoop(sampler, tok, tools,
+                              loop_lib.RolloutConfig.from_config(rc))
+  results, trajs = {}, {}
+  for spec in e.datasets:
+    name, _, split = spec.partition(":")
+    tasks = datasets.load_tasks(name, split or None,
+                                c.data.get("data_dir") or None,
+                                e.get("limit") or None)
+    ts = loop.run(tasks, samples_per_task=e.k)
+    loop_lib.score(ts, tasks)
+    results[spec] = {**agent_eval.pass_at_k(ts, e.k),
+                     **loop_lib.response_stats(ts), "n": float(len(tasks))}
+    trajs[spec.replace(":", "_")] = ts
+    logging.info("%s: %s", spec, results[spec])
+  agent_eval.write(str(out), results, trajs)
+  cols = (f"avg@{e.k}", f"pass@{e.k}", "turns", "void_rate")
+  print(agent_eval.table(results, cols))
+  (out / "summary.json").write_text(json.dumps(results, indent=2))
+  return results

@@ -1,0 +1,64 @@
+"""One SimpleTIR iteration's batch: rewards -> advantages -> filters -> rows.
+
+Pure host code over trajectories, so every rule is unit-testable: GRPO
+advantages over each prompt's G samples, void trajectories (and overlong
+ones) kept in the group statistics but out of the loss, groups with zero
+reward variance or mean accuracy outside the band dropped.
+"""
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from swirl_jax.ops import advantages as adv_lib
+from swirl_jax.rollout import batching, loop
+from swirl_jax.rollout.records import Trajectory
+from swirl_jax.simpletir import void as void_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupConfig:
+  group_size: int = 16
+  filter_void: bool = True
+  mask_overlong: bool = True
+  drop_zero_variance: bool = True
+  accuracy_band: tuple[float, float] | None = (0.1, 0.9)
+  use_std: bool = True
+
+  @classmethod
+  def from_config(cls, c) -> "GroupConfig":
+    band = c.get("accuracy_band", (0.1, 0.9))
+    return cls(group_size=c.group_size, filter_void=c.filter_void,
+               mask_overlong=c.get("mask_overlong", True),
+               drop_zero_variance=c.get("drop_zero_variance", True),
+               accuracy_band=tuple(band) if band else None,
+               use_std=c.get("use_std", True))
+
+
+def select_rows(trajs: Sequence[Trajectory], g: GroupConfig):
+  """(row indices in the loss, their advantages, stats dict)."""
+  rewards = np.array([t.reward or 0.0 for t in trajs], np.float32)
+  in_loss, void = void_lib.loss_rows(trajs, filter_void=g.filter_void,
+                                     mask_overlong=g.mask_overlong)
+  adv = adv_lib.grpo_advantages(rewards, g.group_size, use_std=g.use_std,
+                                loss_row_mask_B=in_loss)
+  keep = in_loss.copy()
+  if g.drop_zero_variance:
+    keep &= adv_lib.nonzero_variance_filter(rewards, g.group_size)
+  if g.accuracy_band:
+    lo, hi = g.accuracy_band
+    keep &= adv_lib.accuracy_band_filter(rewards, g.group_size, lo=lo, hi=hi)
+  rows = np.flatnonzero(keep)
+  stats = dict(reward=float(rewards.mean()), void_rate=float(void.mean()),
+               rows_in_loss=float(len(rows)),
+               groups_kept=float(len(set(rows // g.group_size))),
+               **loop.response_stats(trajs))
+  return rows, adv[rows], stats
+
+
+def make_batch(trajs: Sequence[Trajectory], rows, advantages, *,
+               mini_batch_size: int, max_len: int | None = None):
+  seqs = [trajs[i].token_sequence() for i in rows]
+  return batching.collate(seqs, advantages, row_multiple=mini_batch_size,
+                          min_rows=mini_batch_size, max_len=max_len)

@@ -1,0 +1,78 @@
+"""SimpleTIR: online multi-turn GRPO with the Python sandbox.
+
+Each iteration: sample prompts → G rollouts each through the rollout loop
+(the sandbox runs every code block) → 1/0 rewards from the answer checker →
+void flags → GRPO advantages (void rows keep their place in the group
+statistics, out of the loss) → group filters → overlong rows masked → the
+shared clipped-surrogate step over mini-batches, using the sampler's
+behaviour log-probs.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+from absl import logging
+
+from swirl_jax.models import loading
+from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout.records import write_jsonl
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from swirl_jax.simpletir import grpo
+from swirl_jax.tasks import datasets
+from swirl_jax.tools import registry
+from swirl_jax.training import trainer as trainer_lib
+
+
+def prompt_batches(tasks, per_step: int, seed: int, start: int):
+  """Iteration i's prompts: a seeded shuffle of the tasks, epoch by epoch."""
+  i = start
+  while True:
+    epoch, off = divmod(i * per_step, len(tasks))
+    order = np.random.default_rng(seed + epoch).permutation(len(tasks))
+    idx = [order[(off + k) % len(tasks)] for k in range(per_step)]
+    yield i, [tasks[j] for j in idx]
+    i += 1
+
+
+def run(config, workdir: str) -> None:
+  c = config
+  work = pathlib.Path(workdir)
+  cfg, params, tok = loading.load_policy(c.model, seed=c.seed)
+  tasks = datasets.load_tasks(c.data.train, c.data.get("train_split"),
+                              c.data.get("data_dir") or None,
+                              c.data.get("train_limit") or None)
+  tools = registry.from_config(c.tools, c.data.get("data_dir") or None)
+  trainer = trainer_lib.Trainer(c.train, workdir, cfg, params=params)
+  sampler = Sampler(trainer.policy_params(), cfg, tok,
+                    SamplerConfig.from_config(c.sampler))
+  rollout = loop_lib.RolloutLoop(sampler, tok, tools,
+                                 loop_lib.RolloutConfig.from_config(c.rollout))
+  groups = grpo.GroupConfig.from_config(c.grpo)
+  start = trainer.data_pos
+  ok = False
+  try:
+    for it, batch_tasks in prompt_batches(tasks, c.prompts_per_step, c.seed,
+                                          start):
+      if it >= c.num_iterations:
+        break
+      sampler.params = trainer.policy_params()
+      rollout.config = loop_lib.RolloutConfig.from_config(
+          dict(c.rollout, seed=c.seed * 100003 + it))
+      trajs = rollout.run(batch_tasks, samples_per_task=groups.group_size)
+      loop_lib.score(trajs, batch_tasks)
+      write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
+      rows, adv, stats = grpo.select_rows(trajs, groups)
+      batch = grpo.make_batch(trajs, rows, adv,
+                              mini_batch_size=c.train.mini_batch_size or 1,
+                              max_len=c.get("max_seq_len") or None)
+      stats["iteration"] = float(it)
+      trainer.update(batch, extra=stats)
+      logging.info("iteration %d: reward %.3f void %.3f rows %d", it,
+                   stats["reward"], stats["void_rate"], len(rows))
+    ok = True
+  finally:
+    trainer.close(save=ok)
+  if c.train.export_hf:
+    trainer.export_hf(tokenizer=tok)
+  (work / "done.json").write_text(json.dumps({"iterations": c.num_iterations}))

@@ -1,0 +1,252 @@
+"""SWiRL as jobs of `swirl_jax.main`, over one workdir:
+
+  stage1  <workdir>/stage1/shard_*.jsonl      trajectories (live tools)
+  filter  <workdir>/filter/units.jsonl         judged step units (+ report)
+  rl      <workdir>/<rl_name>/                 stage 2 (checkpoints, hf/)
+  sft     <workdir>/sft/                       the SFT baseline
+  eval    <workdir>/eval/results.{json,md}     base vs trained policies
+
+`swirl_pipeline` runs `config.stages` in order; each stage also runs alone
+(job `swirl_<stage>`) and reads what the earlier ones wrote.
+"""
+
+import json
+import pathlib
+
+import ml_collections
+import tqdm
+from absl import logging
+
+from swirl_jax.evaluation import agent_eval
+from swirl_jax.models import loading
+from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout.records import StepUnit, read_jsonl, write_jsonl
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from swirl_jax.swirl import decompose, filters, judges, stage1, stage2
+from swirl_jax.tasks import datasets
+from swirl_jax.tools import registry
+from swirl_jax.training import trainer as trainer_lib
+
+STAGES = ("stage1", "filter", "rl", "sft", "eval")
+
+
+def _tasks(c, which: str):
+  d = c.data
+  return datasets.load_tasks(d[which], d.get(f"{which}_split") or None,
+                             d.get("data_dir") or None,
+                             d.get(f"{which}_limit") or None)
+
+
+def _judge(jc, tasks, policy):
+  """A judge; kind 'model' with no checkpoint of its own uses `policy`."""
+  model = None
+  if jc.kind == "model" and not jc.model.checkpoint and policy is not None:
+    model = policy
+  return judges.make_judge(jc, tasks=tasks, model=model)
+
+
+def _rollout_loop(c, policy, tools, rc) -> loop_lib.RolloutLoop:
+  cfg, params, tok = policy
+  sampler = Sampler(params, cfg, tok, SamplerConfig.from_config(c.sampler))
+  return loop_lib.RolloutLoop(sampler, tok, tools,
+                              loop_lib.RolloutConfig.from_config(rc))
+
+
+def run_stage1(c, workdir):
+  work = pathlib.Path(workdir)
+  tasks = _tasks(c, "train")
+  policy = loading.load_policy(c.model, seed=c.seed)
+  tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
+                               cache_dir=str(work / "search_index"))
+  s = c.stage1
+  loop = _rollout_loop(c, policy, tools, dict(
+      fmt="swirl", max_turns=s.max_turns, max_new_tokens=s.max_new_tokens,
+      max_response_tokens=s.max_response_tokens,
+      temperature=s.temperature, top_p=s.top_p, seed=c.seed))
+  with tqdm.tqdm(total=len(tasks) * s.samples, desc="stage 1",
+                 unit="traj") as bar:
+    trajs = stage1.generate(loop, tasks, str(work / "stage1"),
+                            samples=s.samples,
+                            tasks_per_batch=s.tasks_per_batch, progress=bar)
+  acc = sum(bool(t.outcome) for t in trajs) / max(1, len(trajs))
+  logging.info("stage 1: %d trajectories, outcome accuracy %.3f",
+               len(trajs), acc)
+  return trajs
+
+
+def run_filter(c, workdir):
+  work = pathlib.Path(workdir)
+  trajs = stage1.read_trajectories(str(work / "stage1"))
+  if not trajs:
+    raise FileNotFoundError(f"{work / 'stage1'}: no trajectories; run "
+                            "stage1 first")
+  easy = (stage1.easy_tasks(trajs, c.stage1.easy_max_calls)
+          if c.stage1.drop_easy else set())
+  trajs = [t for t in trajs if t.task_id not in easy]
+  units = decompose.decompose_all(trajs)
+  out = work / "filter"
+  out.mkdir(parents=True, exist_ok=True)
+  judged_path = out / "units.jsonl"
+  if judged_path.exists():  # Judging is the costly part: keep its labels.
+    units = read_jsonl(str(judged_path), StepUnit)
+  else:
+    policy = (loading.load_policy(c.model, seed=c.seed)
+              if c.judge.kind == "model" else None)
+    judge = _judge(c.judge, _tasks(c, "train"), policy)
+    units = judges.label_units(judge, units)
+    tmp = out / "units.jsonl.tmp"
+    tmp.unlink(missing_ok=True)
+    write_jsonl(str(tmp), units)
+    tmp.rename(judged_path)
+  reports = {}
+  for strategy in filters.STRATEGIES:
+    kept, rep = filters.filter_units(units, strategy, c.filter.granularity)
+    reports[strategy] = rep
+    path = out / f"units_{strategy}.jsonl"
+    path.unlink(missing_ok=True)
+    write_jsonl(str(path), kept)
+  reports["easy_tasks_dropped"] = len(easy)
+  (out / "report.json").write_text(json.dumps(reports, indent=2))
+  logging.info("filter report: %s", json.dumps(reports))
+  return reports
+
+
+def _units(c, workdir) -> list[StepUnit]:
+  path = pathlib.Path(workdir) / "filter" / f"units_{c.filter.strategy}.jsonl"
+  if not path.exists():
+    raise FileNotFoundError(f"{path}: missing; run the filter stage first")
+  units = read_jsonl(str(path), StepUnit)
+  if not units:
+    raise ValueError(f"{path}: the '{c.filter.strategy}' filter kept no step")
+  return units
+
+
+def run_rl(c, workdir):
+  """Stage 2. No tool runs here: building one raises."""
+  with registry.forbidden("SWiRL stage 2 is offline (no live tools)"):
+    return _rl(c, workdir)
+
+
+def _rl(c, workdir):
+  work = pathlib.Path(workdir) / c.rl_name
+  units = _units(c, workdir)
+  cfg, params, tok = policy = loading.load_policy(c.model, seed=c.seed)
+  s = stage2.Stage2Config.from_config(c.stage2)
+  reward = _judge(c.reward, _tasks(c, "train"), policy)
+  tc = c.rl_train
+  trainer = trainer_lib.Trainer(tc, str(work), cfg, params=params)
+  sampler = Sampler(trainer.policy_params(), cfg, tok,
+                    SamplerConfig.from_config(c.sampler))
+  ref_fn = ref_params = None
+  if tc.loss.kl_coef > 0:  # The frozen initial policy, for the KL term.
+    from swirl_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+    ref_params = loading.load_policy(c.model, seed=c.seed)[1]
+    ref_fn = step_lib.make_logprob_fn(cfg, trainer.mesh,
+                                      trainer.shardings.params)
+  ok = False
+  try:
+    for it, batch_units in stage2.unit_batches(units, s.states_per_step,
+                                               c.seed, trainer.data_pos):
+      if it >= c.rl_iterations:
+        break
+      sampler.params = trainer.policy_params()
+      actions = stage2.sample_actions(sampler, batch_units, s,
+                                      seed=c.seed * 7919 + it)
+      rewards = stage2.score_actions(reward, batch_units, actions,
+                                     s.samples_per_state)
+      batch = stage2.rl_batch(batch_units, actions, rewards, s,
+                              mini_batch_size=tc.mini_batch_size or 1)
+      if ref_fn is not None:
+        batch["ref_logprobs"] = ref_fn(ref_params, batch)
+      trainer.update(batch, extra=dict(reward=float(rewards.mean()),
+                                       iteration=float(it)))
+    ok = True
+  finally:
+    trainer.close(save=ok)
+  return trainer.export_hf(tokenizer=tok)
+
+
+def run_sft(c, workdir):
+  with registry.forbidden("the SFT baseline trains on saved steps"):
+    work = pathlib.Path(workdir) / "sft"
+    units = _units(c, workdir)
+    cfg, params, tok = loading.load_policy(c.model, seed=c.seed)
+    tc = c.sft_train
+    mb = tc.mini_batch_size or 1
+
+    def batches(pos):
+      for _, part in stage2.unit_batches(units, c.stage2.states_per_step,
+                                         c.seed, pos):
+        yield stage2.sft_batch(part, mini_batch_size=mb,
+                               max_len=c.stage2.max_len)
+
+    trainer_lib.train(tc, str(work), cfg, batches, params=params,
+                      tokenizer=tok)
+    return str(work / "hf")
+
+
+def _policy_cfg(c, name: str, workdir) -> ml_collections.ConfigDict:
+  if name == "base":
+    return c.model
+  hf = pathlib.Path(workdir) / name / "hf"
+  if not (hf / "config.json").exists():
+    raise FileNotFoundError(f"{hf}: no exported policy; run the {name} stage")
+  m = ml_collections.ConfigDict(c.model.to_dict())
+  m.checkpoint, m.tokenizer = str(hf), str(hf)
+  return m
+
+
+def run_eval(c, workdir):
+  work = pathlib.Path(workdir)
+  tasks = _tasks(c, "eval")
+  tools_cfg = ml_collections.ConfigDict(c.tools.to_dict())
+  if c.eval.get("search_corpus"):  # Held-out questions, their own corpus.
+    tools_cfg.search_corpus = c.eval.search_corpus
+  tools = registry.from_config(tools_cfg, c.data.get("data_dir") or None,
+                               cache_dir=str(work / "search_index"))
+  results, trajs = {}, {}
+  judge = None
+  for name in c.eval.policies:
+    if name != "base" and not (work / name / "hf").exists():
+      logging.warning("eval: skipping %s (not trained in %s)", name, work)
+      continue
+    policy = loading.load_policy(_policy_cfg(c, name, workdir), seed=c.seed)
+    if judge is None:  # Process correctness by one fixed judge.
+      base = loading.load_policy(c.model, seed=c.seed) \
+          if c.judge.kind == "model" else None
+      judge = _judge(c.judge, tasks, base)
+    loop = _rollout_loop(c, policy, tools, dict(
+        fmt="swirl", max_turns=c.stage1.max_turns,
+        max_new_tokens=c.stage1.max_new_tokens,
+        max_response_tokens=c.stage1.max_response_tokens,
+        temperature=c.eval.temperature, seed=c.seed))
+    trajs[name] = loop.run(tasks)
+    loop_lib.score(trajs[name], tasks)
+    results[name] = agent_eval.summarize(trajs[name], tasks, judge)
+    logging.info("eval %s: %s", name, results[name])
+  agent_eval.write(str(work / "eval"), results, trajs)
+  print(agent_eval.table(results))
+  return results
+
+
+_RUN = {"stage1": run_stage1, "filter": run_filter, "rl": run_rl,
+        "sft": run_sft, "eval": run_eval}
+
+
+def run_pipeline(config, workdir):
+  for stage in config.stages:
+    if stage not in _RUN:
+      raise ValueError(f"unknown SWiRL stage {stage!r}; valid: {STAGES}")
+    logging.info("SWiRL stage %s", stage)
+    _RUN[stage](config, workdir)
+
+
+def stage_job(stage: str):
+  return lambda config, workdir: _RUN[stage](config, workdir)
+
+
+run_stage1_job = stage_job("stage1")
+run_filter_job = stage_job("filter")
+run_rl_job = stage_job("rl")
+run_sft_job = stage_job("sft")
+run_eval_job = stage_job("eval")

@@ -1,0 +1,72 @@
+"""SWiRL stage 1: multi-step trajectories with live tools, resumable.
+
+K samples per question at a set temperature, the rollout loop with step
+caps, trajectories appended to JSONL shards one batch at a time. A rerun
+skips the (question, sample) pairs already on disk, so a killed run loses at
+most its in-flight batch and never writes a pair twice.
+"""
+
+import collections
+import glob
+import os
+from typing import Sequence
+
+from absl import logging
+
+from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout.records import Trajectory, iter_jsonl, write_jsonl
+from swirl_jax.tasks.records import Task
+
+SHARD = "shard_{:05d}.jsonl"
+
+
+def read_trajectories(directory: str) -> list[Trajectory]:
+  """Every trajectory of the shards in `directory` (first copy wins)."""
+  seen, out = set(), []
+  for path in sorted(glob.glob(os.path.join(directory, "shard_*.jsonl"))):
+    for t in iter_jsonl(path, Trajectory):
+      if t.id not in seen:
+        seen.add(t.id)
+        out.append(t)
+  return out
+
+
+def generate(loop: loop_lib.RolloutLoop, tasks: Sequence[Task], out_dir: str,
+             *, samples: int, tasks_per_batch: int, shard_size: int = 1000,
+             progress=None) -> list[Trajectory]:
+  """Writes `samples` trajectories per task under `out_dir`; all of them."""
+  os.makedirs(out_dir, exist_ok=True)
+  done = read_trajectories(out_dir)
+  have = collections.defaultdict(set)
+  for t in done:
+    have[t.task_id].add(t.sample_index)
+  todo = [(task, k) for task in tasks for k in range(samples)
+          if k not in have[task.id]]
+  logging.info("stage 1: %d trajectories on disk, %d to generate", len(done),
+               len(todo))
+  shard = len(done) // shard_size
+  per_batch = max(1, tasks_per_batch * samples)
+  for i in range(0, len(todo), per_batch):
+    batch = todo[i:i + per_batch]
+    trajs = loop.run_pairs(batch)
+    loop_lib.score(trajs, [t for t, _ in batch])
+    write_jsonl(os.path.join(out_dir, SHARD.format(shard)), trajs)
+    done += trajs
+    shard = len(done) // shard_size
+    if progress is not None:
+      progress.update(len(trajs))
+  return done
+
+
+def easy_tasks(trajs: Sequence[Trajectory], max_calls: int = 1) -> set[str]:
+  """Questions some trajectory answered correctly with <= max_calls calls.
+
+  The paper drops questions "answerable in one search"; here that is read
+  off stage 1's own samples.
+  """
+  easy = set()
+  for t in trajs:
+    calls = sum(1 for turn in t.turns if turn.tool)
+    if t.outcome and calls <= max_calls:
+      easy.add(t.task_id)
+  return easy

@@ -1,0 +1,104 @@
+"""SWiRL stage 2: offline step-wise RL over saved states (no live tools).
+
+For a batch of saved states the current policy samples G actions each,
+stopping at the end of one action; a generative reward model scores every
+(state, action) without the gold answer; the advantage is the reward minus
+the mean over the state's G samples (configurable); the shared step
+maximises the reward-weighted log-prob of each whole action, optionally
+with a KL term to the frozen initial policy. The SFT baseline trains on the
+saved actions of the same units with cross-entropy.
+"""
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from swirl_jax.ops import advantages as adv_lib
+from swirl_jax.rollout import batching
+from swirl_jax.rollout.records import StepUnit
+from swirl_jax.tools import parsing
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage2Config:
+  samples_per_state: int = 4  # G.
+  states_per_step: int = 16
+  max_new_tokens: int = 256
+  temperature: float = 1.0
+  top_p: float = 1.0
+  advantage: str = "mean"  # none | mean | leave_one_out
+  max_len: int = 4096
+
+  @classmethod
+  def from_config(cls, c) -> "Stage2Config":
+    return cls(**{k: c[k] for k in dataclasses.asdict(cls()) if k in c})
+
+
+@dataclasses.dataclass
+class Actions:
+  """G sampled actions per state, flattened state-major ([B*G])."""
+  ids: list[list[int]]
+  logprobs: list[np.ndarray]
+  texts: list[str]
+
+
+def sample_actions(sampler, units: Sequence[StepUnit], c: Stage2Config,
+                   seed: int) -> Actions:
+  prompts = [u.state_ids for u in units for _ in range(c.samples_per_state)]
+  res = sampler.generate(prompts, max_new_tokens=c.max_new_tokens,
+                         stop_strings=tuple(parsing.stop_strings("swirl")),
+                         temperature=c.temperature, top_p=c.top_p, seed=seed)
+  return Actions(res.tokens, res.logprobs, res.texts)
+
+
+def score_actions(judge, units: Sequence[StepUnit], actions: Actions,
+                  g: int) -> np.ndarray:
+  """Rewards [B, G]: the reward model's P(GOOD) of each sampled action."""
+  states = [u.state_text for u in units for _ in range(g)]
+  task_ids = [u.task_id for u in units for _ in range(g)]
+  scores = judge.score(states, actions.texts, task_ids=task_ids)
+  return np.asarray(scores, np.float32).reshape(len(units), g)
+
+
+def rl_batch(units, actions: Actions, rewards_BG, c: Stage2Config, *,
+             mini_batch_size: int):
+  """The step's batch: state (mask 0) + sampled action (mask 1) per row."""
+  adv = adv_lib.stepwise_advantages(rewards_BG, c.advantage).reshape(-1)
+  seqs = []
+  for i, (ids, lps) in enumerate(zip(actions.ids, actions.logprobs)):
+    u = units[i // c.samples_per_state]
+    seqs.append(_sequence(u.state_ids, ids, lps))
+  return batching.collate(seqs, adv, row_multiple=mini_batch_size,
+                          min_rows=mini_batch_size, max_len=c.max_len)
+
+
+def sft_batch(units: Sequence[StepUnit], *, mini_batch_size: int,
+              max_len: int = 4096):
+  """Cross-entropy on each unit's saved action given its state."""
+  seqs = [_sequence(u.state_ids, u.action_ids, u.action_logprobs or None)
+          for u in units]
+  return batching.collate(seqs, np.ones(len(seqs)),
+                          row_multiple=mini_batch_size,
+                          min_rows=mini_batch_size, max_len=max_len)
+
+
+def _sequence(state_ids, action_ids, logprobs):
+  n, m = len(state_ids), len(action_ids)
+  tokens = np.asarray(list(state_ids) + list(action_ids), np.int32)
+  mask = np.concatenate([np.zeros(n), np.ones(m)]).astype(np.int32)
+  lp = np.zeros(n + m, np.float32)
+  if logprobs is not None and len(logprobs) == m:
+    lp[n:] = logprobs
+  return tokens, mask, lp
+
+
+def unit_batches(units: Sequence[StepUnit], per_step: int, seed: int,
+                 start: int):
+  """Step i's units: a seeded shuffle of the units, epoch by epoch."""
+  i = start
+  while True:
+    epoch, off = divmod(i * per_step, len(units))
+    order = np.random.default_rng(seed + epoch).permutation(len(units))
+    yield i, [units[order[(off + k) % len(units)]] for k in range(per_step)]
+    i += 1

@@ -1,0 +1,176 @@
+"""SWiRL: stage 1 resume, stage 2 plumbing and no tools, end to end."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from swirl_jax.models import decoder, loading
+from swirl_jax import config_lib
+from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout.records import StepUnit, read_jsonl
+from swirl_jax.rollout.scripted import ScriptedSampler
+from swirl_jax.swirl import configs, jobs, stage1, stage2
+from swirl_jax.tasks import synthetic
+from swirl_jax.tools import registry
+from swirl_jax.training import step as step_lib
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return loading.load_tokenizer("bundled")
+
+
+class _Killed(Exception):
+  pass
+
+
+def test_stage1_resume_has_each_pair_once(tmp_path, tokenizer):
+  tasks = synthetic.arithmetic_tasks(5, seed=2)
+  refs = {t.id: synthetic.reference_turns(t) for t in tasks}
+  calls = {"n": 0}
+
+  class Loop(loop_lib.RolloutLoop):
+    def run_pairs(self, pairs):
+      calls["n"] += 1
+      if calls["n"] == 3 and kill:
+        raise _Killed  # The third batch dies in flight.
+      return super().run_pairs(pairs)
+
+  def script(row, turn):
+    return "<answer>0</answer>"
+
+  out = str(tmp_path / "stage1")
+  tools = registry.build_tools(("calculator",))
+  cfg = loop_lib.RolloutConfig(fmt="swirl", max_turns=3)
+  kill = True
+  loop = Loop(ScriptedSampler(tokenizer, script), tokenizer, tools, cfg)
+  with pytest.raises(_Killed):
+    stage1.generate(loop, tasks, out, samples=2, tasks_per_batch=1)
+  assert len(stage1.read_trajectories(out)) == 4  # Two whole batches.
+  # A writer killed mid-line leaves a torn tail; the rerun must cope.
+  shard = os.path.join(out, stage1.SHARD.format(0))
+  with open(shard, "a") as f:
+    f.write('{"task_id": "torn", "sample_')
+  kill = False
+  loop = Loop(ScriptedSampler(tokenizer, script), tokenizer, tools, cfg)
+  trajs = stage1.generate(loop, tasks, out, samples=2, tasks_per_batch=1)
+  on_disk = stage1.read_trajectories(out)
+  pairs = [(t.task_id, t.sample_index) for t in on_disk]
+  assert sorted(pairs) == sorted({(t.id, k) for t in tasks for k in range(2)})
+  assert len(pairs) == len(set(pairs)) == len(trajs) == 10
+  raw = [json.loads(l) for l in open(shard)]  # No torn or duplicate lines.
+  assert len(raw) == 10
+  del refs
+
+
+def test_easy_tasks():
+  from swirl_jax.rollout.records import Trajectory, Turn
+  one = Trajectory(task_id="a", outcome=True, turns=[Turn(tool="search"),
+                                                     Turn(answer="x")])
+  two = Trajectory(task_id="b", outcome=True, turns=[
+      Turn(tool="search"), Turn(tool="search"), Turn(answer="x")])
+  wrong = Trajectory(task_id="c", outcome=False, turns=[Turn(answer="x")])
+  assert stage2 and stage1.easy_tasks([one, two, wrong]) == {"a"}
+
+
+def _units(n):
+  rng = np.random.RandomState(0)
+  return [StepUnit(trajectory_id=f"t{i}/0", step_index=0,
+                   state_ids=rng.randint(3, 200, 5 + i).tolist(),
+                   state_text=f"s{i}", action_ids=[7, 8], action_text="a")
+          for i in range(n)]
+
+
+def test_stage2_batch_and_loss_equal_the_formulas():
+  units = _units(2)
+  c = stage2.Stage2Config(samples_per_state=3, advantage="mean")
+  acts = stage2.Actions(
+      ids=[[10 + k, 20 + k] for k in range(6)],
+      logprobs=[np.full(2, -1.0, np.float32)] * 6, texts=["x"] * 6)
+  rewards = np.array([[1.0, 0.0, 0.5], [0.2, 0.2, 0.8]], np.float32)
+  batch = stage2.rl_batch(units, acts, rewards, c, mini_batch_size=1)
+  want_adv = (rewards - rewards.mean(1, keepdims=True)).reshape(-1)
+  np.testing.assert_allclose(batch["advantages"][:6], want_adv, atol=1e-6)
+  for r in range(6):
+    u = units[r // 3]
+    n = len(u.state_ids)
+    assert batch["tokens"][r, :n].tolist() == u.state_ids
+    assert batch["tokens"][r, n:n + 2].tolist() == acts.ids[r]
+    assert batch["loss_mask"][r].tolist() == [0] * n + [1, 1] + [0] * (
+        batch["loss_mask"].shape[1] - n - 2)
+  # The step's loss: -mean over rows of advantage * sum of action log-probs.
+  mc = config_lib.model_config("tiny", "")
+  cfg, params, _ = loading.load_policy(mc)
+  loss_cfg = step_lib.default_loss_config()
+  loss_cfg.kind = "stepwise_pg"
+  b = {k: jax.numpy.asarray(v[:6]) for k, v in batch.items()}
+  loss, _ = step_lib.policy_loss(params, cfg, loss_cfg, b)
+  logits, _ = decoder.forward(params, cfg, b["tokens"],
+                              mask_BT=b["attention_mask"])
+  lp = jax.nn.log_softmax(logits[:, :-1], -1)
+  tok_lp = np.take_along_axis(np.asarray(lp), np.asarray(b["tokens"])[:, 1:,
+                                                                     None],
+                              2)[..., 0]
+  action_lp = (tok_lp * np.asarray(b["loss_mask"])[:, 1:]).sum(1)
+  want = -np.mean(want_adv * action_lp)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-6)
+
+
+def _tiny_config(workdir_filter="none"):
+  c = configs.swirl_config("synthetic_arith", model="tiny", checkpoint="",
+                           judge="programmatic", runlocal=True)
+  c.data.train_limit, c.data.eval_limit = 3, 2
+  c.stage1.update(samples=2, tasks_per_batch=3, max_turns=2,
+                  max_new_tokens=12, max_response_tokens=24)
+  c.stage2.update(samples_per_state=2, states_per_step=4, max_new_tokens=8,
+                  max_len=512)
+  c.rl_iterations = 2
+  c.rl_train.num_steps = 2
+  c.rl_train.mini_batch_size = 8
+  c.sft_train.num_steps = 2
+  c.sft_train.mini_batch_size = 8
+  c.rl_train.progress = c.sft_train.progress = False
+  c.sampler.max_cache_len = 512
+  c.filter.strategy = workdir_filter
+  return c
+
+
+def test_stage2_runs_no_tool(tmp_path, monkeypatch):
+  c = _tiny_config()
+  jobs.run_stage1(c, str(tmp_path))
+  jobs.run_filter(c, str(tmp_path))
+  from swirl_jax.tools import calculator, sandbox, search
+  def boom(*a, **k):
+    raise AssertionError("a tool ran in stage 2")
+  monkeypatch.setattr(calculator.Calculator, "batch", boom)
+  monkeypatch.setattr(search.SearchTool, "batch", boom)
+  monkeypatch.setattr(sandbox.Sandbox, "run_batch", boom)
+  seen = []
+  real = registry.build_tools
+  monkeypatch.setattr(registry, "build_tools",
+                      lambda *a, **k: seen.append(a) or real(*a, **k))
+  jobs.run_rl(c, str(tmp_path))
+  assert not seen
+  with registry.forbidden("test"), pytest.raises(RuntimeError, match="test"):
+    registry.build_tools(("calculator",))
+
+
+def test_end_to_end_tiny(tmp_path):
+  """Every job in one workdir: stage 1, filter, stage 2, SFT, evaluation."""
+  c = _tiny_config()
+  jobs.run_pipeline(c, str(tmp_path))
+  report = json.loads((tmp_path / "filter" / "report.json").read_text())
+  assert set(report) >= {"none", "process", "outcome", "process_outcome"}
+  units = read_jsonl(str(tmp_path / "filter" / "units.jsonl"), StepUnit)
+  assert units and all(u.process_good is not None for u in units)
+  for name in ("rl", "sft"):
+    assert (tmp_path / name / "hf" / "config.json").exists()
+    assert (tmp_path / name / "metrics.jsonl").exists()
+  res = json.loads((tmp_path / "eval" / "results.json").read_text())
+  assert set(res) == {"base", "rl", "sft"}
+  for r in res.values():
+    assert 0 <= r["accuracy"] <= 1 and 0 <= r["process_correctness"] <= 1
+  assert (tmp_path / "eval" / "results.md").read_text().startswith("| policy")
