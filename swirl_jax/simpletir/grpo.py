@@ -50,10 +50,10 @@ def select_rows(trajs: Sequence[Trajectory], g: GroupConfig):
     lo, hi = g.accuracy_band
     keep &= adv_lib.accuracy_band_filter(rewards, g.group_size, lo=lo, hi=hi)
   rows = np.flatnonzero(keep)
-  stats = dict(reward=float(rewards.mean()), void_rate=float(void.mean()),
-               rows_in_loss=float(len(rows)),
-               groups_kept=float(len(set(rows // g.group_size))),
-               **loop.response_stats(trajs))
+  stats = {**loop.response_stats(trajs), "reward": float(rewards.mean()),
+           "void_rate": float(void.mean()),  # Any void turn, re-parsed.
+           "rows_in_loss": float(len(rows)),
+           "groups_kept": float(len(set(rows // g.group_size)))}
   return rows, adv[rows], stats
 
 

@@ -35,7 +35,9 @@ def prompt_batches(tasks, per_step: int, seed: int, start: int):
     i += 1
 
 
-def run(config, workdir: str) -> None:
+def run(config, workdir: str, *, make_sampler=None) -> None:
+  """The training job; `make_sampler(params, cfg, tok)` overrides the
+  sampler (tests replay scripted turns through the real sandbox)."""
   c = config
   work = pathlib.Path(workdir)
   cfg, params, tok = loading.load_policy(c.model, seed=c.seed)
@@ -44,8 +46,9 @@ def run(config, workdir: str) -> None:
                               c.data.get("train_limit") or None)
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None)
   trainer = trainer_lib.Trainer(c.train, workdir, cfg, params=params)
-  sampler = Sampler(trainer.policy_params(), cfg, tok,
-                    SamplerConfig.from_config(c.sampler))
+  make_sampler = make_sampler or (lambda p, m, t: Sampler(
+      p, m, t, SamplerConfig.from_config(c.sampler)))
+  sampler = make_sampler(trainer.policy_params(), cfg, tok)
   rollout = loop_lib.RolloutLoop(sampler, tok, tools,
                                  loop_lib.RolloutConfig.from_config(c.rollout))
   groups = grpo.GroupConfig.from_config(c.grpo)
@@ -63,11 +66,14 @@ def run(config, workdir: str) -> None:
       loop_lib.score(trajs, batch_tasks)
       write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
       rows, adv, stats = grpo.select_rows(trajs, groups)
-      batch = grpo.make_batch(trajs, rows, adv,
+      batch = None if not len(rows) else grpo.make_batch(trajs, rows, adv,
                               mini_batch_size=c.train.mini_batch_size or 1,
                               max_len=c.get("max_seq_len") or None)
       stats["iteration"] = float(it)
-      trainer.update(batch, extra=stats)
+      if len(rows):
+        trainer.update(batch, extra=stats)
+      else:  # Every group filtered out: nothing to learn from.
+        trainer.skip(stats)
       logging.info("iteration %d: reward %.3f void %.3f rows %d", it,
                    stats["reward"], stats["void_rate"], len(rows))
     ok = True

@@ -1,0 +1,175 @@
+"""A generic host loop: state (resumed if possible), steps, metrics, saves.
+
+SWiRL stage 2, its SFT baseline and SimpleTIR all end in the same loop; they
+differ in how batches are made. Offline jobs hand `train` a batch source;
+online ones (SimpleTIR samples with the current policy between updates) use
+`Trainer` directly:
+
+  trainer = Trainer(config.train, workdir, model_cfg, params=params)
+  while trainer.step < config.train.num_steps:
+    batch = make_rollouts(trainer.policy_params())
+    trainer.update(batch)
+  trainer.close()
+"""
+
+import itertools
+import pathlib
+from typing import Callable, Iterable, Iterator
+
+import jax
+import ml_collections
+from jax.sharding import Mesh
+
+from swirl_jax import sharding as shd
+from swirl_jax.models.config import ModelConfig
+from swirl_jax.training import checkpoint as ckpt_lib
+from swirl_jax.training import lora
+from swirl_jax.training import metrics as metrics_lib
+from swirl_jax.training import optimizer
+from swirl_jax.training import state as state_lib
+from swirl_jax.training import step as step_lib
+
+Batch = dict
+BatchSource = Callable[[int], Iterator[Batch]] | Iterable[Batch]
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every field the training core reads, with its default."""
+  return ml_collections.ConfigDict(dict(
+      seed=0,
+      mesh=[("data", -1), ("fsdp", 1), ("tensor", 1)],
+      num_steps=100,  # optimizer steps.
+      micro_batches=1,  # gradient accumulation inside one step.
+      ppo_epochs=1,  # passes over each rollout batch.
+      mini_batch_size=0,  # rows per step within a batch; 0: the whole batch.
+      optim=optimizer.default_config(),
+      lora=lora.default_config(),
+      loss=step_lib.default_loss_config(),
+      checkpoint_every=100, keep_checkpoints=3, async_checkpoints=True,
+      export_hf=False,  # write <workdir>/hf (LoRA merged) at the end.
+      tensorboard=True, progress=True))
+
+
+class Trainer:
+  """Owns the state, the jitted step, checkpoints and the metric writer."""
+
+  def __init__(self, config, workdir: str, model_cfg: ModelConfig, *,
+               params=None, mesh: Mesh | None = None,
+               rules=shd.DEFAULT_RULES):
+    c = self.config = config
+    self.workdir, self.model_cfg = pathlib.Path(workdir), model_cfg
+    self.mesh = mesh if mesh is not None else shd.make_mesh(c.mesh)
+    self.lora_cfg = c.lora if lora.enabled(c.get("lora")) else None
+    self.tx, self.schedule = optimizer.make_optimizer(c.optim, c.num_steps)
+    self.ckpt = ckpt_lib.Checkpointer(
+        str(self.workdir), every=c.checkpoint_every,
+        keep=c.keep_checkpoints, async_save=c.async_checkpoints)
+    self.state, self.shardings = self._restore_or_create(params, rules)
+    self.step_fn = step_lib.TrainStep(model_cfg, c, self.tx, self.schedule,
+                                      self.mesh, self.shardings, rules)
+    self.writer = metrics_lib.MetricWriter(
+        str(self.workdir), total_steps=c.num_steps, initial_step=self.step,
+        tensorboard=c.tensorboard, progress=c.progress)
+
+  def _restore_or_create(self, params, rules):
+    c, cfg = self.config, self.model_cfg
+    abstract, shardings = state_lib.state_shardings(
+        cfg, self.tx, self.mesh, self.lora_cfg, rules)
+    if self.ckpt.latest_step() is not None:
+      frozen = None
+      if self.lora_cfg is not None:  # The base is not in the checkpoint.
+        frozen = (state_lib.initial_params(cfg, self.mesh, c.seed, rules)
+                  if params is None else jax.device_put(params,
+                                                        shardings.frozen))
+      restored = self.ckpt.restore(
+          ckpt_lib.abstract_state(abstract, shardings), frozen=frozen)
+      if restored is not None:
+        return restored[0], shardings
+    state, _ = state_lib.create(cfg, self.tx, self.mesh, seed=c.seed,
+                                params=params, lora_cfg=self.lora_cfg,
+                                rules=rules)
+    return state, shardings
+
+  @property
+  def step(self) -> int:
+    return int(jax.device_get(self.state.step))
+
+  @property
+  def data_pos(self) -> int:
+    return int(jax.device_get(self.state.data_pos))
+
+  def update(self, batch: Batch, extra: dict[str, float] | None = None
+             ) -> list[dict[str, float]]:
+    """PPO epochs / mini-batches over one batch; returns host metrics.
+
+    `extra` (e.g. rollout statistics) is logged with every step's metrics.
+    """
+    c = self.config
+    first = self.step
+    self.state, metrics = step_lib.ppo_update(
+        self.step_fn, self.state, batch, epochs=c.ppo_epochs,
+        mini_batch_size=c.mini_batch_size)
+    self._advance_data()
+    host = step_lib.iterate_metrics(metrics)
+    for i, m in enumerate(host):
+      self.writer.write(first + i + 1, {**(extra or {}), **m})
+    self.ckpt.save(self.state)
+    return host
+
+  def skip(self, extra: dict[str, float] | None = None) -> None:
+    """Consumes a batch without an update (e.g. every group was filtered):
+    no optimizer step, so Adam's moments do not move the params."""
+    self._advance_data()
+    if extra:
+      self.writer.write(self.step, {**extra, "skipped_batch": 1.0})
+
+  def _advance_data(self):
+    self.state = self.state.replace(data_pos=jax.device_put(
+        self.state.data_pos + 1, self.shardings.data_pos))
+
+  def policy_params(self):
+    """Model params for sampling (LoRA merged; a fresh copy then)."""
+    if self.state.frozen is None:
+      return self.state.params
+    return jax.jit(lambda f, a: lora.merge(f, a, self.lora_cfg))(
+        self.state.frozen, self.state.params)
+
+  def export_hf(self, path: str | None = None, tokenizer=None) -> str:
+    return ckpt_lib.export_hf(self.state, self.model_cfg,
+                              str(path or self.workdir / "hf"),
+                              lora_cfg=self.lora_cfg, tokenizer=tokenizer)
+
+  def close(self, save: bool = True) -> None:
+    if save:
+      self.ckpt.save(self.state, force=True)
+    self.ckpt.close()
+    self.writer.close()
+
+
+def train(config, workdir: str, model_cfg: ModelConfig, batches: BatchSource,
+          *, params=None, mesh: Mesh | None = None, tokenizer=None,
+          rules=shd.DEFAULT_RULES) -> state_lib.TrainState:
+  """Runs `config.num_steps` steps (resuming from `workdir`); final state.
+
+  Args:
+    batches: `fn(data_pos) -> iterator` starting at that batch (preferred:
+      resumes without re-reading), or an iterable, of which the first
+      `data_pos` batches are skipped on resume.
+  """
+  trainer = Trainer(config, workdir, model_cfg, params=params, mesh=mesh,
+                    rules=rules)
+  ok = False
+  try:
+    pos = trainer.data_pos
+    source = (batches(pos) if callable(batches)
+              else itertools.islice(iter(batches), pos, None))
+    for batch in source:
+      if trainer.step >= config.num_steps:
+        break
+      trainer.update(batch)
+    ok = True
+  finally:
+    trainer.close(save=ok)  # After a failure the state may be donated.
+  if config.export_hf:
+    trainer.export_hf(tokenizer=tokenizer)
+  return trainer.state

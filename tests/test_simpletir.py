@@ -1,0 +1,164 @@
+"""SimpleTIR: void turns, GRPO rows, and training steps with the sandbox."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swirl_jax import config_lib
+from swirl_jax.models import loading
+from swirl_jax.rollout.records import Trajectory, Turn
+from swirl_jax.simpletir import grpo, void
+from swirl_jax.training import step as step_lib
+
+# METHODS.md: a void turn has neither a complete code block nor a final
+# answer; an unclosed (truncated) block is void.
+VOID_TABLE = [
+    ("Let me think about it more.", True),
+    ("```python\nprint(1+1)\n```\n", False),
+    ("```py\nx = 2\nprint(x)\n```", False),
+    ("```python\nprint(1+1", True),  # Truncated block.
+    ("The answer is \\boxed{4}.", False),
+    ("So final_answer(4) it is.", False),
+    ("```python\nfinal_answer(4)\n```", False),
+    ("", True),
+    ("```\nprint(3)\n```", False),  # A bare fence is Python (SimpleTIR).
+    ("\\boxed{", True),  # Unbalanced: no answer.
+]
+
+
+@pytest.mark.parametrize("text,want", VOID_TABLE)
+def test_void_turn_table(text, want):
+  assert void.is_void_turn(text) == want
+
+
+def _traj(i, reward, turns):
+  return Trajectory(task_id=f"q{i // 4}", sample_index=i % 4, reward=reward,
+                    prompt_ids=[1, 2, 3],
+                    turns=[Turn(text=t, action_ids=[5 + i, 6],
+                                action_logprobs=[-1.0, -1.0]) for t in turns])
+
+
+def test_void_rows_keep_group_statistics_but_leave_the_loss():
+  ok, bad = "```python\nprint(1)\n```", "```python\nprint(1"
+  trajs = [_traj(0, 1.0, [ok]), _traj(1, 0.0, [bad]), _traj(2, 0.0, [ok]),
+           _traj(3, 1.0, [ok])]
+  g = grpo.GroupConfig(group_size=4, accuracy_band=None)
+  rows, adv, stats = grpo.select_rows(trajs, g)
+  assert rows.tolist() == [0, 2, 3] and stats["void_rate"] == 0.25
+  # Mean 0.5 and std over all four (void included) set the advantages.
+  r = np.array([1.0, 0.0, 0.0, 1.0])
+  want = (r - r.mean()) / r.std(ddof=1)
+  np.testing.assert_allclose(adv, want[[0, 2, 3]], rtol=1e-5)
+  # Without the void row in the statistics they would differ.
+  r3 = r[[0, 2, 3]]
+  assert not np.allclose(adv, (r3 - r3.mean()) / r3.std(ddof=1))
+  g_off = grpo.GroupConfig(group_size=4, accuracy_band=None,
+                           filter_void=False)
+  assert grpo.select_rows(trajs, g_off)[0].tolist() == [0, 1, 2, 3]
+
+
+def test_masked_void_trajectory_contributes_zero_gradient():
+  """A void row's tokens are masked: its content cannot move the gradient."""
+  cfg, params, _ = loading.load_policy(config_lib.model_config("tiny", ""))
+  ok, bad = "```python\nprint(1)\n```", "```python\nprint(1"
+  trajs = [_traj(0, 1.0, [ok]), _traj(1, 0.0, [bad]), _traj(2, 0.0, [ok]),
+           _traj(3, 1.0, [ok])]
+  g = grpo.GroupConfig(group_size=4, accuracy_band=None)
+  loss_cfg = step_lib.default_loss_config()
+
+  def grad_with(void_tokens):
+    trajs[1].turns[0].action_ids = void_tokens
+    rows, adv, _ = grpo.select_rows(trajs, g)
+    # Keep the void row in the batch, masked, to show it adds nothing.
+    seqs = [t.token_sequence() for t in trajs]
+    keep = np.isin(np.arange(4), rows)
+    seqs = [(a, m * k, lp) for (a, m, lp), k in zip(seqs, keep)]
+    full_adv = np.zeros(4, np.float32)
+    full_adv[rows] = adv
+    from swirl_jax.rollout import batching
+    b = batching.collate(seqs, full_adv)
+    b = {k: jnp.asarray(v) for k, v in b.items()}
+    f = lambda p: step_lib.policy_loss(p, cfg, loss_cfg, b)[0]
+    return jax.grad(f)(params)
+
+  g1, g2 = grad_with([100, 101]), grad_with([7000, 9000])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7),
+               g1, g2)
+
+
+def _simpletir_config(**rollout):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      "simpletir_math", "configs/simpletir_math.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config("model=tiny,runlocal,data=synthetic_arith")
+  c.num_iterations = 3
+  c.prompts_per_step = 2
+  c.grpo.group_size = 4
+  c.rollout.update(max_turns=2, max_new_tokens=24, max_response_tokens=48,
+                   **rollout)
+  c.sampler.max_cache_len = 512
+  c.train.mini_batch_size = 4
+  c.train.num_steps = 12
+  c.train.progress = False
+  return c
+
+
+def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
+  """Several GRPO iterations; every code block runs in the sandbox.
+
+  Turns are replayed (a random tiny model rarely closes a code block), so
+  rewards vary within each group: right, void, wrong, right-after-output.
+  """
+  from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
+  from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
+  from swirl_jax.tools import sandbox  # pylint: disable=g-import-not-at-top
+  c = _simpletir_config()
+  ran, answers = [], []
+  real = sandbox.Sandbox.run_batch
+  monkeypatch.setattr(sandbox.Sandbox, "run_batch", lambda self, s: (
+      ran.extend(s), real(self, s))[1])
+
+  def make_sampler(params, cfg, tok):
+    def script(row, turn):
+      gold = answers[row // 4]
+      k = row % 4
+      return [f"```python\nfinal_answer({gold})\n```\n",
+              "```python\nprint(1",
+              "```python\nfinal_answer(-1)\n```\n",
+              [f"```python\nprint({gold})\n```\n",
+               f"It prints {gold}, so \\boxed{{{gold}}}."][min(turn, 1)]][k]
+    return ScriptedSampler(tok, script)
+
+  orig_run_pairs = train.loop_lib.RolloutLoop.run_pairs
+
+  def run_pairs(self, pairs):
+    answers[:] = [t.answer for t, k in pairs[::4]]
+    return orig_run_pairs(self, pairs)
+
+  monkeypatch.setattr(train.loop_lib.RolloutLoop, "run_pairs", run_pairs)
+  train.run(c, str(tmp_path), make_sampler=make_sampler)
+  assert any("final_answer" in s for s in ran)
+  lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  assert len(lines) >= 3
+  for l in lines:
+    assert l["void_rate"] == pytest.approx(0.25)
+    assert l["reward"] == pytest.approx(0.5)
+    assert np.isfinite(l["grad_norm"]) and l["grad_norm"] > 0
+  assert (tmp_path / "rollouts" / "iter_000002.jsonl").exists()
+
+
+def test_grpo_iteration_with_real_tiny_model(tmp_path):
+  """The sampler path: rollouts from the model itself, then a step."""
+  from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
+  c = _simpletir_config(temperature=1.0)
+  c.num_iterations = 1
+  c.grpo.drop_zero_variance = False  # Random rewards are mostly 0.
+  c.grpo.filter_void = False
+  train.run(c, str(tmp_path))
+  lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  assert lines and all(np.isfinite(l["loss"]) for l in lines)
