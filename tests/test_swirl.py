@@ -138,29 +138,30 @@ def _tiny_config(workdir_filter="none"):
   return c
 
 
-def test_stage2_runs_no_tool(tmp_path, monkeypatch):
+def test_end_to_end_tiny(tmp_path, monkeypatch):
+  """Every job in one workdir: stage 1, filter, stage 2, SFT, evaluation;
+  stage 2 and SFT run no tool."""
   c = _tiny_config()
-  jobs.run_stage1(c, str(tmp_path))
-  jobs.run_filter(c, str(tmp_path))
-  from swirl_jax.tools import calculator, sandbox, search
+  c.stages = ("stage1", "filter")
+  jobs.run_pipeline(c, str(tmp_path))
+  from swirl_jax.tools import calculator, sandbox, search  # pylint: disable=g-import-not-at-top
   def boom(*a, **k):
     raise AssertionError("a tool ran in stage 2")
-  monkeypatch.setattr(calculator.Calculator, "batch", boom)
-  monkeypatch.setattr(search.SearchTool, "batch", boom)
-  monkeypatch.setattr(sandbox.Sandbox, "run_batch", boom)
-  seen = []
-  real = registry.build_tools
-  monkeypatch.setattr(registry, "build_tools",
-                      lambda *a, **k: seen.append(a) or real(*a, **k))
-  jobs.run_rl(c, str(tmp_path))
-  assert not seen
+  with monkeypatch.context() as m:
+    for cls, name in ((calculator.Calculator, "batch"),
+                      (search.SearchTool, "batch"),
+                      (sandbox.Sandbox, "run_batch")):
+      m.setattr(cls, name, boom)
+    built = []
+    real = registry.build_tools
+    m.setattr(registry, "build_tools",
+              lambda *a, **k: built.append(a) or real(*a, **k))
+    c.stages = ("rl", "sft")
+    jobs.run_pipeline(c, str(tmp_path))
+    assert not built
   with registry.forbidden("test"), pytest.raises(RuntimeError, match="test"):
     registry.build_tools(("calculator",))
-
-
-def test_end_to_end_tiny(tmp_path):
-  """Every job in one workdir: stage 1, filter, stage 2, SFT, evaluation."""
-  c = _tiny_config()
+  c.stages = ("eval",)
   jobs.run_pipeline(c, str(tmp_path))
   report = json.loads((tmp_path / "filter" / "report.json").read_text())
   assert set(report) >= {"none", "process", "outcome", "process_outcome"}

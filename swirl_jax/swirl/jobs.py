@@ -171,7 +171,8 @@ def run_sft(c, workdir):
     work = pathlib.Path(workdir) / "sft"
     units = _units(c, workdir)
     cfg, params, tok = loading.load_policy(c.model, seed=c.seed)
-    tc = c.sft_train
+    tc = ml_collections.ConfigDict(c.sft_train.to_dict())
+    tc.export_hf = True  # Evaluation loads the policy from <workdir>/sft/hf.
     mb = tc.mini_batch_size or 1
 
     def batches(pos):
