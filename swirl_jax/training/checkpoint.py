@@ -1,0 +1,162 @@
+"""Checkpoints of the train state (orbax), resume, and Hugging Face export.
+
+Layout: `<workdir>/checkpoints/<step>/{state,meta}`. `state` is the
+TrainState (params, optimizer state, step, data position, PRNG key) without
+the frozen LoRA base, which is rebuilt from the base model on resume; `meta`
+is JSON (step, data position, skipped steps, and any `extra` dict, e.g. a
+data reader's position), readable with `cat`.
+
+Saves are asynchronous: `save` returns once the arrays are copied off the
+devices, and the files are written in the background (each checkpoint goes
+to a temporary directory renamed on completion, so a crash mid-write leaves
+the previous checkpoint as the latest). Restores go straight into the target
+shardings, so no host or device holds more than its shard.
+
+A checkpoint that fails to restore is skipped for the one before it; it is
+moved aside to `<workdir>/checkpoints.unreadable/` (never deleted) only once
+an older one has restored. If none restores, nothing is moved and the error
+lists why each failed.
+"""
+
+import datetime
+import logging
+import pathlib
+import shutil
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from swirl_jax.models import hf_io
+from swirl_jax.models.config import ModelConfig
+from swirl_jax.training import lora
+from swirl_jax.training.state import TrainState
+
+
+class CheckpointError(RuntimeError):
+  """No usable checkpoint where one was expected."""
+
+
+def abstract_state(state: TrainState, shardings: TrainState) -> TrainState:
+  """ShapeDtypeStructs carrying the target shardings (restore targets)."""
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      state, shardings)
+
+
+class Checkpointer:
+  """Saves every `every` steps, keeps the last `keep`, resumes the latest."""
+
+  def __init__(self, workdir: str, *, every: int, keep: int = 3,
+               async_save: bool = True):
+    self.directory = pathlib.Path(workdir) / "checkpoints"
+    self.every = max(1, int(every))
+    self._mngr = ocp.CheckpointManager(
+        self.directory.absolute(),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save))
+    self._last = self._mngr.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._mngr.all_steps())
+
+  def latest_step(self) -> int | None:
+    return self._mngr.latest_step()
+
+  def save(self, state: TrainState, *, force: bool = False,
+           extra: dict | None = None) -> bool:
+    """Saves if a multiple of `every` was reached since the last save."""
+    step = int(jax.device_get(state.step))
+    if step == self._last:
+      return False
+    last = -1 if self._last is None else self._last
+    if not force and step // self.every == last // self.every:
+      return False
+    meta = dict(step=step, data_pos=int(jax.device_get(state.data_pos)),
+                skipped=int(jax.device_get(state.skipped)),
+                time=datetime.datetime.now().isoformat(timespec="seconds"),
+                extra=extra or {})
+    self._mngr.save(step, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state.replace(frozen=None)),
+        meta=ocp.args.JsonSave(meta)))
+    self._last = step
+    return True
+
+  def _restore_step(self, step: int, target: TrainState):
+    out = self._mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target.replace(frozen=None)),
+        meta=ocp.args.JsonRestore()))
+    return out.state, out.meta
+
+  def restore(self, target: TrainState, *, step: int | None = None,
+              frozen: Any = None) -> tuple[TrainState, dict] | None:
+    """`(state, meta)` from `step`, or the latest readable one.
+
+    Args:
+      target: the state's abstract shapes with shardings
+        (`abstract_state`, or `state.state_shardings`' ShapeDtypeStructs).
+      step: a given step (an error if it is missing or unreadable); None:
+        the newest that restores, or None when there is no checkpoint.
+      frozen: the frozen LoRA base to put back into the state.
+    """
+    steps = self.all_steps()
+    if step is not None:
+      if step not in steps:
+        raise CheckpointError(f"{self.directory}: no checkpoint for step "
+                              f"{step}; available: {steps}")
+      try:
+        state, meta = self._restore_step(step, target)
+      except Exception as e:  # orbax / tensorstore raise many types.
+        raise CheckpointError(f"{self.directory / str(step)}: cannot restore "
+                              f"({type(e).__name__}: {e})") from e
+      return state.replace(frozen=frozen), meta
+    failures = []
+    for s in reversed(steps):
+      try:
+        state, meta = self._restore_step(s, target)
+      except Exception as e:  # Try the one before it.
+        logging.warning("checkpoint %s unreadable (%s); trying the previous",
+                        s, e)
+        failures.append((s, f"{type(e).__name__}: {e}"))
+        continue
+      self._set_aside([f for f, _ in failures])
+      return state.replace(frozen=frozen), meta
+    if failures:
+      lines = "\n".join(f"  step {s}: {why[:500]}" for s, why in failures)
+      raise CheckpointError(f"{self.directory}: no checkpoint restores "
+                            f"(nothing was moved or deleted):\n{lines}")
+    return None
+
+  def _set_aside(self, steps: list[int]) -> None:
+    """Moves unreadable checkpoints out of the way, keeping their files."""
+    if not steps or jax.process_index() != 0:
+      return
+    aside = self.directory.with_name(self.directory.name + ".unreadable")
+    aside.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for s in steps:
+      src = self.directory / str(s)
+      dst = aside / f"{s}-{stamp}"
+      logging.warning("moving unreadable checkpoint %s to %s", src, dst)
+      shutil.move(str(src), str(dst))
+    self._mngr.reload()
+    self._last = self._mngr.latest_step()
+
+  def wait(self) -> None:
+    self._mngr.wait_until_finished()
+
+  def close(self) -> None:
+    self._mngr.wait_until_finished()
+    self._mngr.close()
+
+
+def export_hf(state: TrainState, cfg: ModelConfig, path: str, *,
+              lora_cfg=None, tokenizer=None, dtype: str | None = None) -> str:
+  """Writes the trained policy (LoRA merged) as a Hugging Face directory."""
+  params = state.params
+  if state.frozen is not None:
+    params = jax.jit(lambda f, a: lora.merge(f, a, lora_cfg))(state.frozen,
+                                                              state.params)
+  return hf_io.export_hf_dir(params, cfg, path, tokenizer=tokenizer,
+                             dtype=dtype)

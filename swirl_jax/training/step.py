@@ -1,0 +1,357 @@
+"""The one jitted, sharded training step, and the PPO loop around it.
+
+Batch convention (host NumPy or placed arrays, all `[B, T]` arrays aligned
+with `tokens`):
+  tokens              int  [B, T]
+  loss_mask           [B, T]  nonzero where token t was written by the
+                      policy and is trained on (prompt, tool output and
+                      padding are 0).
+  advantages          [B] (one per row) or [B, T] (one per token t).
+  behaviour_logprobs  [B, T]  log pi_old(tokens[t] | tokens[<t]), as the
+                      sampler records it at the token's own index (column 0
+                      is never used). Needed by 'clipped_surrogate' only.
+  ref_logprobs        [B, T]  optional, same alignment; adds a k3 KL term.
+  positions           [B, T]  optional (default: cumsum of the attention
+                      mask).
+  attention_mask      [B, T]  optional bool: real tokens (default all).
+
+Shift: the step predicts token t from the prefix `< t`, i.e. from the hidden
+state at t - 1. It takes `targets = tokens[:, 1:]` from `hidden[:, :-1]`
+and shifts every token-aligned array the same way (`x[:, 1:]`), so a
+column-0 entry never enters the loss.
+
+One step = micro-batches (a `lax.scan` summing gradients) -> global-norm
+clip -> AdamW. Each micro-batch loss is weighted by its share of the batch's
+loss tokens (or loss rows, for per-row aggregation), so accumulating M
+micro-batches gives the full-batch gradient. A non-finite loss or gradient
+norm leaves params and optimizer state as they were and counts the step in
+`state.skipped`.
+"""
+
+import functools
+from typing import Iterable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from swirl_jax import sharding as shd
+from swirl_jax.models import decoder
+from swirl_jax.models.config import ModelConfig
+from swirl_jax.ops import logprobs as lp_ops
+from swirl_jax.ops import losses
+from swirl_jax.training import lora
+from swirl_jax.training.optimizer import clip_by_global_norm
+from swirl_jax.training.state import TrainState
+
+LOSS_KINDS = ("clipped_surrogate", "stepwise_pg", "sft")
+INT_KEYS = ("tokens", "positions")
+BOOL_KEYS = ("attention_mask",)
+# How micro-batch metrics combine: summed counts, maxima, per-row means;
+# everything else is a mean over loss tokens.
+_SUM_KEYS = ("num_loss_tokens", "num_loss_rows")
+_MAX_KEYS = ("ratio_max",)
+_ROW_KEYS = ("reward_mean", "action_logp")
+
+
+def default_loss_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      kind="clipped_surrogate",
+      agg="",  # '' = the loss's own default (token_mean; stepwise: per row).
+      eps_low=0.2, eps_high=0.28,
+      dual_clip_c=3.0,  # <= 0: off.
+      kl_coef=0.0,  # weight of the k3 KL to `ref_logprobs`, when given.
+      with_entropy=False,  # report entropy (one more pass over the logits).
+      chunk_size=128))  # sequence positions per log-prob chunk.
+
+
+def _agg(loss_cfg) -> str:
+  if loss_cfg.agg:
+    return loss_cfg.agg
+  return "seq_mean_token_sum" if loss_cfg.kind == "stepwise_pg" \
+      else "token_mean"
+
+
+# ---------------------------------------------------------------- forward
+
+
+def token_logprobs(params, cfg: ModelConfig, batch, *, chunk_size: int = 128,
+                   with_entropy: bool = False):
+  """`(logp, entropy)`, target-aligned `[B, T-1]`: entry t scores token t+1.
+
+  Chunked over the sequence, so no `[B, T, V]` float32 logits exist.
+  """
+  tokens_BT = batch["tokens"]
+  h_BTD, _ = decoder.hidden_states(params, cfg, tokens_BT,
+                                   batch.get("positions"),
+                                   batch.get("attention_mask"))
+  unembed_fn = lambda sub, h: decoder.unembed_with(sub, cfg, h)
+  return lp_ops.token_logprobs(decoder.unembed_params(params, cfg),
+                               h_BTD[:, :-1], tokens_BT[:, 1:], unembed_fn,
+                               chunk_size=chunk_size,
+                               with_entropy=with_entropy)
+
+
+def _shifted(batch, key):
+  x = batch.get(key)
+  return None if x is None else x[:, 1:]
+
+
+def policy_loss(params, cfg: ModelConfig, loss_cfg, batch):
+  """`(loss, metrics)` of one (micro-)batch for `loss_cfg.kind`."""
+  logp_BT, ent_BT = token_logprobs(params, cfg, batch,
+                                   chunk_size=int(loss_cfg.chunk_size),
+                                   with_entropy=bool(loss_cfg.with_entropy))
+  mask_BT = batch["loss_mask"][:, 1:]
+  agg, kind = _agg(loss_cfg), loss_cfg.kind
+  ref_BT = _shifted(batch, "ref_logprobs")
+  kl = dict(ref_logp_BT=ref_BT, kl_coef=float(loss_cfg.kl_coef))
+  if kind == "sft":
+    return losses.sft_loss(logp_BT, mask_BT, agg=agg, entropy_BT=ent_BT)
+  adv = batch["advantages"]
+  adv = adv[:, 1:] if adv.ndim == 2 else adv
+  if kind == "stepwise_pg":
+    if adv.ndim != 1:
+      raise ValueError("loss 'stepwise_pg' takes one advantage per row [B]")
+    return losses.stepwise_pg_loss(logp_BT, mask_BT, adv, agg=agg,
+                                   entropy_BT=ent_BT, **kl)
+  if kind == "clipped_surrogate":
+    c = float(loss_cfg.dual_clip_c)
+    return losses.clipped_surrogate_loss(
+        logp_BT, batch["behaviour_logprobs"][:, 1:], adv, mask_BT,
+        eps_low=float(loss_cfg.eps_low), eps_high=float(loss_cfg.eps_high),
+        dual_clip_c=c if c > 0 else None, agg=agg, entropy_BT=ent_BT, **kl)
+  raise ValueError(f"loss.kind {kind!r}; valid: {LOSS_KINDS}")
+
+
+# ------------------------------------------------------- gradient accumulation
+
+
+def _counts(loss_mask_BT):
+  """(loss tokens, loss rows) after the shift, as float32."""
+  m_BT = loss_mask_BT[:, 1:] != 0
+  return (jnp.sum(m_BT).astype(jnp.float32),
+          jnp.sum(jnp.any(m_BT, axis=-1)).astype(jnp.float32))
+
+
+def _split_micro(batch, m: int):
+  """[B, ...] -> [M, B/M, ...] by stride, so each micro-batch keeps every
+  device's share of rows (no data moves between devices)."""
+  def split(x):
+    b = x.shape[0]
+    x = x.reshape(b // m, m, *x.shape[1:]).swapaxes(0, 1)
+    return shd.constrain(x, (None, "batch") + (None,) * (x.ndim - 2))
+  return jax.tree.map(split, batch)
+
+
+def _combine(metrics_M, tok_w_M, row_w_M):
+  """Micro-batch metrics [M] -> one value each."""
+  out = {}
+  for k, v_M in metrics_M.items():
+    if k in _SUM_KEYS:
+      out[k] = jnp.sum(v_M)
+    elif k in _MAX_KEYS:
+      out[k] = jnp.max(v_M)
+    else:
+      w_M = row_w_M if k in _ROW_KEYS else tok_w_M
+      out[k] = jnp.sum(jnp.where(w_M > 0, v_M * w_M, 0.0))
+  return out
+
+
+def loss_and_grads(trainable, frozen, batch, *, cfg, loss_cfg, lora_cfg,
+                   micro_batches: int):
+  """`(loss, grads, metrics)` summed over micro-batches."""
+  n_tok, n_row = _counts(batch["loss_mask"])
+  per_row = _agg(loss_cfg) != "token_mean"
+
+  def weighted_loss(train, micro):
+    params = train if frozen is None else lora.merge(frozen, train, lora_cfg)
+    loss, metrics = policy_loss(params, cfg, loss_cfg, micro)
+    t, r = _counts(micro["loss_mask"])
+    tok_w, row_w = t / jnp.maximum(n_tok, 1.0), r / jnp.maximum(n_row, 1.0)
+    w = row_w if per_row else tok_w
+    return loss * w, (metrics, tok_w, row_w)
+
+  grad_fn = jax.value_and_grad(weighted_loss, has_aux=True)
+  if micro_batches == 1:
+    (loss, (metrics, _, _)), grads = grad_fn(trainable, batch)
+    return loss, grads, metrics
+
+  def body(grad_sum, micro):
+    (loss, aux), grads = grad_fn(trainable, micro)
+    return jax.tree.map(jnp.add, grad_sum, grads), (loss, aux)
+
+  zeros = jax.tree.map(jnp.zeros_like, trainable)
+  grads, (loss_M, (metrics_M, tok_w_M, row_w_M)) = jax.lax.scan(
+      body, zeros, _split_micro(batch, micro_batches))
+  metrics = _combine(metrics_M, tok_w_M, row_w_M)
+  metrics["loss"] = jnp.sum(loss_M)
+  return jnp.sum(loss_M), grads, metrics
+
+
+# ---------------------------------------------------------------- the step
+
+
+def train_step(state: TrainState, batch, *, cfg: ModelConfig, loss_cfg,
+               lora_cfg, tx: optax.GradientTransformation, schedule,
+               grad_clip: float, micro_batches: int):
+  """`(state, metrics)`: one optimizer step over `batch` (pure; jit it)."""
+  loss, grads, metrics = loss_and_grads(
+      state.params, state.frozen, batch, cfg=cfg, loss_cfg=loss_cfg,
+      lora_cfg=lora_cfg, micro_batches=micro_batches)
+  grads, grad_norm = clip_by_global_norm(grads, grad_clip)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  # Select, never apply: a NaN update must not touch params or moments.
+  keep = lambda new, old: jax.tree.map(
+      lambda n, o: jnp.where(finite, n, o), new, old)
+  skipped = state.skipped + (~finite).astype(jnp.int32)
+  metrics.update(
+      grad_norm=grad_norm,
+      lr=jnp.asarray(schedule(state.step - state.skipped), jnp.float32),
+      skipped=skipped.astype(jnp.float32),
+      update_skipped=(~finite).astype(jnp.float32))
+  new_state = state.replace(
+      step=state.step + 1, params=keep(params, state.params),
+      opt_state=keep(opt_state, state.opt_state),
+      rng=jax.random.split(state.rng)[0], skipped=skipped)
+  return new_state, metrics
+
+
+class TrainStep:
+  """`step(state, batch) -> (state, metrics)`, jitted once per batch size.
+
+  State goes in and out with its own shardings and is donated; the batch
+  is sharded over the batch mesh axes; metrics come back replicated.
+  """
+
+  def __init__(self, cfg: ModelConfig, config, tx, schedule, mesh: Mesh,
+               shardings: TrainState, rules=shd.DEFAULT_RULES,
+               compiler_options: dict | None = None):
+    loss_cfg = default_loss_config().lock()  # A misspelt field fails here.
+    loss_cfg.update(dict(config.get("loss", {}).items()))
+    if loss_cfg.kind not in LOSS_KINDS:
+      raise ValueError(f"loss.kind {loss_cfg.kind!r}; valid: {LOSS_KINDS}")
+    self.micro_batches = int(config.get("micro_batches", 1))
+    optim = config.get("optim", None)
+    grad_clip = float(optim.get("grad_clip", 1.0)) if optim else 1.0
+    self.mesh, self.rules, self.shardings = mesh, rules, shardings
+    self._fn = functools.partial(
+        train_step, cfg=cfg, loss_cfg=loss_cfg,
+        lora_cfg=config.get("lora", None), tx=tx, schedule=schedule,
+        grad_clip=grad_clip, micro_batches=self.micro_batches)
+    self._compiler_options = compiler_options  # XLA options, e.g. for TPU.
+    self._jitted = {}
+
+  def batch_sharding(self, batch_size: int) -> NamedSharding:
+    """One sharding for every batch leaf: rows over the batch axes."""
+    spec = shd.logical_to_spec(("batch",), (batch_size,), self.mesh,
+                               self.rules)
+    return NamedSharding(self.mesh, spec)
+
+  def jitted(self, batch_size: int):
+    if batch_size % self.micro_batches:
+      raise ValueError(f"batch size {batch_size} is not a multiple of "
+                       f"micro_batches={self.micro_batches}")
+    if batch_size not in self._jitted:
+      self._jitted[batch_size] = jax.jit(
+          self._fn, donate_argnums=(0,),
+          compiler_options=self._compiler_options,
+          in_shardings=(self.shardings, self.batch_sharding(batch_size)),
+          out_shardings=(self.shardings, NamedSharding(self.mesh, P())))
+    return self._jitted[batch_size]
+
+  def __call__(self, state: TrainState, batch):
+    batch = self.place(batch)
+    with shd.use_mesh(self.mesh, self.rules):
+      return self.jitted(batch["tokens"].shape[0])(state, batch)
+
+  def lower(self, state: TrainState, batch):
+    """The lowered step (`.compile().memory_analysis()`, cost analysis)."""
+    batch = self.place(batch)
+    with shd.use_mesh(self.mesh, self.rules):
+      return self.jitted(batch["tokens"].shape[0]).lower(state, batch)
+
+  def place(self, batch):
+    """Host arrays -> batch-sharded device arrays with canonical dtypes."""
+    b = len(batch["tokens"])
+    return place_batch(batch, self.batch_sharding(b))
+
+
+def place_batch(batch, sharding: NamedSharding):
+  """Casts (ints int32, attention mask bool, rest float32) and places."""
+  def prep(k, x):
+    dt = (jnp.int32 if k in INT_KEYS else bool if k in BOOL_KEYS
+          else jnp.float32)
+    if isinstance(x, jax.Array) and x.dtype == dt and x.sharding == sharding:
+      return x
+    if isinstance(x, jax.Array) and x.is_fully_addressable:
+      return jax.device_put(x.astype(dt), sharding)
+    return shd.place(np.asarray(x).astype(dt), sharding)
+  return {k: prep(k, v) for k, v in batch.items() if v is not None}
+
+
+# ---------------------------------------------------------- PPO mini-batches
+
+
+def ppo_update(step: TrainStep, state: TrainState, batch, *, epochs: int = 1,
+               mini_batch_size: int = 0) -> tuple[TrainState, list[dict]]:
+  """Several epochs of mini-batch steps over one rollout batch.
+
+  Each epoch visits the rows in a fresh order drawn from the state's key (so
+  a resumed run shuffles as the first one did); one epoch with one
+  mini-batch is a single step on the batch as given.
+  """
+  host = {k: np.asarray(jax.device_get(v)) for k, v in batch.items()
+          if v is not None}
+  b = len(host["tokens"])
+  mb = mini_batch_size or b
+  if b % mb:
+    raise ValueError(f"rollout batch {b} is not a multiple of mini-batch {mb}")
+  key = jax.device_get(state.rng)
+  out = []
+  for epoch in range(epochs):
+    order = np.arange(b)
+    if epochs > 1 or mb < b:
+      order = np.asarray(jax.random.permutation(
+          jax.random.fold_in(key, epoch), b))
+    for i in range(0, b, mb):
+      rows = order[i:i + mb]
+      state, metrics = step(state, {k: v[rows] for k, v in host.items()})
+      out.append(metrics)
+  return state, out
+
+
+def make_logprob_fn(cfg: ModelConfig, mesh: Mesh, param_shardings, *,
+                    chunk_size: int = 128, rules=shd.DEFAULT_RULES):
+  """`fn(params, batch) -> logp [B, T]` aligned with tokens (column 0 is 0).
+
+  For behaviour or reference log-probs computed after the fact (e.g. SWiRL
+  scoring saved actions); same alignment the step expects.
+  """
+  def fn(params, batch):
+    logp, _ = token_logprobs(params, cfg, batch, chunk_size=chunk_size)
+    return jnp.pad(logp, ((0, 0), (1, 0)))
+
+  jitted = {}
+
+  def call(params, batch):
+    b = len(batch["tokens"])
+    spec = shd.logical_to_spec(("batch",), (b,), mesh, rules)
+    sharding = NamedSharding(mesh, spec)
+    if b not in jitted:
+      jitted[b] = jax.jit(fn, in_shardings=(param_shardings, sharding),
+                          out_shardings=sharding)
+    with shd.use_mesh(mesh, rules):
+      return jitted[b](params, place_batch(batch, sharding))
+  return call
+
+
+def iterate_metrics(metrics: Iterable[dict]) -> list[dict[str, float]]:
+  """Device metric dicts -> host floats (one transfer for the lot)."""
+  return [{k: float(v) for k, v in m.items()}
+          for m in jax.device_get(list(metrics))]

@@ -1,0 +1,261 @@
+"""The jitted train step: sharding parity, golden values, skips, accumulation,
+LoRA and every loss kind, on the tiny model."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from swirl_jax import sharding as shd
+from swirl_jax.models import decoder
+from swirl_jax.models import presets
+from swirl_jax.training import optimizer
+from swirl_jax.training import state as state_lib
+from swirl_jax.training import step as step_lib
+from swirl_jax.training import trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B, T = 4, 16
+
+# Step 1 loss / grad norm and step 2 loss of `test_golden_one_step`.
+GOLDEN_LOSS_1 = -0.045017123222351074
+GOLDEN_GRAD_NORM_1 = 1.0649889707565308
+GOLDEN_LOSS_2 = 1.2502076625823975
+
+
+def make_config(**kw) -> ml_collections.ConfigDict:
+  c = trainer.default_config()
+  c.optim.lr = 1e-3
+  c.progress = False
+  for k, v in kw.items():
+    node, *rest = k.split("__")
+    if rest:
+      c[node][rest[0]] = v
+    else:
+      c[k] = v
+  return c
+
+
+def make_batch(seed=0, b=B, t=T):
+  rng = np.random.default_rng(seed)
+  mask = (rng.random((b, t)) > 0.3).astype(np.float32)
+  mask[:, :4] = 0  # A prompt.
+  mask[1, 8:] = 0  # Rows of different lengths weigh tokens unevenly.
+  return dict(
+      tokens=rng.integers(0, 256, (b, t)), loss_mask=mask,
+      advantages=rng.normal(size=(b,)).astype(np.float32),
+      behaviour_logprobs=rng.normal(-5.5, 0.3, (b, t)).astype(np.float32))
+
+
+# Tests compile many steps; XLA's backend optimisations cost most of that
+# time and matter nothing at this size.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def host_params(cfg, seed=0):
+  """Random params made on the host (the jitted init compiles slowly)."""
+  rng = np.random.default_rng(seed)
+  def leaf(path, s):
+    x = rng.normal(0.0, 0.02, s.shape)
+    return (x + 1.0 if "scale" in jax.tree_util.keystr(path) else x).astype(
+        s.dtype)
+  return jax.tree_util.tree_map_with_path(leaf, decoder.abstract_params(cfg))
+
+
+class Setup:
+  """Model, mesh, optimizer and a host copy of the initial state."""
+
+  def __init__(self, config):
+    self.cfg = presets.get_preset("tiny")
+    self.mesh = shd.make_mesh([("data", 1), ("fsdp", 1), ("tensor", 1)],
+                              jax.devices()[:1])
+    self.config = config
+    lora_cfg = config.lora if config.lora.rank else None
+    self.tx, self.schedule = optimizer.make_optimizer(config.optim, 10)
+    state, self.shardings = state_lib.create(
+        self.cfg, self.tx, self.mesh, seed=0, lora_cfg=lora_cfg,
+        params=host_params(self.cfg))
+    self.host_state = jax.device_get(state)
+    self.step = step_lib.TrainStep(self.cfg, config, self.tx, self.schedule,
+                                   self.mesh, self.shardings,
+                                   compiler_options=FAST_COMPILE)
+
+  def fresh_state(self):
+    return jax.device_put(self.host_state, self.shardings)
+
+  def run(self, batches):
+    state, out = self.fresh_state(), []
+    for batch in batches:
+      state, metrics = self.step(state, batch)
+      out.append({k: float(v) for k, v in metrics.items()})
+    return state, out
+
+
+@pytest.fixture(scope="module")
+def base():
+  return Setup(make_config())
+
+
+def tree_equal(a, b):
+  return all(jax.tree.leaves(jax.tree.map(
+      lambda x, y: np.array_equal(np.asarray(x), np.asarray(y),
+                                  equal_nan=True), a, b)))
+
+
+def test_golden_one_step(base):
+  _, (m1, m2) = base.run([make_batch(0), make_batch(1)])
+  print(f"GOLDEN_LOSS_1 = {m1['loss']!r}\nGOLDEN_GRAD_NORM_1 = "
+        f"{m1['grad_norm']!r}\nGOLDEN_LOSS_2 = {m2['loss']!r}")
+  msg = ("if you intentionally changed init/loss/optimizer, update GOLDEN_* "
+         "with the printed values")
+  got = (m1["loss"], m1["grad_norm"], m2["loss"])
+  want = (GOLDEN_LOSS_1, GOLDEN_GRAD_NORM_1, GOLDEN_LOSS_2)
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6, err_msg=msg)
+  assert m1["num_loss_tokens"] == (make_batch(0)["loss_mask"][:, 1:]
+                                   != 0).sum()
+  assert m1["skipped"] == 0 and m1["lr"] == pytest.approx(1e-3)
+  for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_max",
+            "ratio_mean", "approx_kl"):
+    assert np.isfinite(m1[k]), k
+
+
+def test_non_finite_update_is_skipped(base):
+  state = base.fresh_state()
+  bad = make_batch(0)
+  bad["advantages"][0] = np.nan
+  new, metrics = base.step(state, bad)
+  assert float(metrics["update_skipped"]) == 1
+  assert int(new.skipped) == 1 and int(new.step) == 1
+  assert tree_equal(jax.device_get(new.params), base.host_state.params)
+  assert tree_equal(jax.device_get(new.opt_state), base.host_state.opt_state)
+  # A -inf behaviour log-prob off the loss mask is harmless: applied.
+  ok = make_batch(0)
+  ok["behaviour_logprobs"][:, 0] = -np.inf
+  new, metrics = base.step(new, ok)
+  assert float(metrics["update_skipped"]) == 0 and int(new.skipped) == 1
+  assert np.isfinite(float(metrics["loss"]))
+
+
+def test_gradient_accumulation_matches_full_batch(base):
+  acc = Setup(make_config(micro_batches=2))
+  batch = make_batch(0)
+  s_full, (m_full,) = base.run([batch])
+  s_acc, (m_acc,) = acc.run([batch])
+  for k in ("loss", "grad_norm", "num_loss_tokens", "ratio_max",
+            "clip_frac_low", "approx_kl"):
+    np.testing.assert_allclose(m_acc[k], m_full[k], rtol=1e-5, atol=1e-7,
+                               err_msg=k)
+  # Adam divides by sqrt(v): on near-zero gradient entries, float noise in
+  # the gradient moves the update by a fraction of lr (1e-3).
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5),
+               jax.device_get(s_acc.params), jax.device_get(s_full.params))
+
+
+def test_lora_trains_adapters_only():
+  config = make_config(lora__rank=4, lora__targets=("q", "v", "down"))
+  setup = Setup(config)
+  host = setup.host_state
+  assert set(host.params) == {"q", "v", "down"}
+  assert host.params["q"]["a"].shape == (2, 64, 4)
+  assert host.params["q"]["b"].shape == (2, 4, 4, 16)
+  state, (m1, m2) = setup.run([make_batch(0), make_batch(1)])
+  assert m1["grad_norm"] > 0 and np.isfinite(m2["loss"])
+  assert tree_equal(jax.device_get(state.frozen), host.frozen)
+  for name in ("q", "v", "down"):
+    for ab in ("a", "b"):
+      assert not np.array_equal(np.asarray(state.params[name][ab]),
+                                host.params[name][ab]), (name, ab)
+  # Only adapters carry optimizer moments.
+  mu = state.opt_state[0].mu
+  assert jax.tree.structure(mu) == jax.tree.structure(host.params)
+
+
+def test_ppo_epochs_and_mini_batches(base):
+  rollout = {k: np.concatenate([a, b]) for (k, a), b in
+             zip(make_batch(0).items(), make_batch(1).values())}
+  state, metrics = step_lib.ppo_update(base.step, base.fresh_state(), rollout,
+                                       epochs=2, mini_batch_size=B)
+  assert len(metrics) == 4 and int(state.step) == 4
+  assert base.step.jitted(B)._cache_size() == 1  # Same shapes: no retrace.
+  assert all(np.isfinite(float(m["loss"])) for m in metrics)
+
+
+@pytest.mark.parametrize("kind", ["stepwise_pg", "sft"])
+def test_each_loss_kind_runs(kind):
+  setup = Setup(make_config(loss__kind=kind, loss__with_entropy=True,
+                            loss__kl_coef=0.1))
+  batch = make_batch(0)
+  if kind == "sft":
+    del batch["advantages"], batch["behaviour_logprobs"]
+  else:  # With a reference model: the KL term.
+    batch["ref_logprobs"] = batch.pop("behaviour_logprobs")
+  _, (m,) = setup.run([batch])
+  assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
+  if kind == "stepwise_pg":
+    assert m["kl"] > 0 and m["loss"] == pytest.approx(
+        m["pg_loss"] + 0.1 * m["kl_loss"], rel=1e-5)
+  assert 0 < m["entropy"] <= np.log(256) + 1e-3
+  if kind == "sft":  # Near-uniform at init: NLL ~ log V.
+    assert m["loss"] == pytest.approx(np.log(256), rel=0.05)
+
+
+_MESH_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import json, sys
+    import jax, numpy as np
+    jax.config.update("jax_default_matmul_precision", "highest")
+    sys.path.insert(0, "tests")
+    from swirl_jax import sharding as shd
+    from swirl_jax.training import optimizer, state as state_lib
+    from swirl_jax.training import step as step_lib
+    from test_train_step import FAST_COMPILE, host_params, make_batch
+    from test_train_step import make_config
+    from swirl_jax.models import presets
+
+    cfg = presets.get_preset("tiny")
+    params = host_params(cfg)
+    config = make_config(micro_batches=2)
+    tx, sched = optimizer.make_optimizer(config.optim, 10)
+    out = {}
+    for name, spec, devs in [
+        ("one", [("data", 1), ("fsdp", 1), ("tensor", 1)], jax.devices()[:1]),
+        ("mesh", [("data", 1), ("fsdp", 4), ("tensor", 2)], jax.devices())]:
+      mesh = shd.make_mesh(spec, devs)
+      state, shardings = state_lib.create(cfg, tx, mesh, seed=0,
+                                          params=params)
+      step = step_lib.TrainStep(cfg, config, tx, sched, mesh, shardings,
+                                compiler_options=FAST_COMPILE)
+      losses = []
+      for i in range(2):
+        state, m = step(state, make_batch(i, b=8))
+        losses.append([float(m["loss"]), float(m["grad_norm"])])
+      q = state.params["layers"]["attn"]["q"]
+      out[name] = dict(
+          losses=losses, cache=step.jitted(8)._cache_size(),
+          spec=str(q.sharding.spec), n_shards=len(q.addressable_shards),
+          params=[np.asarray(x).tolist() for x in
+                  jax.tree.leaves(jax.device_get(state.params))])
+    print(json.dumps(out))
+    """)
+
+
+def test_sharded_step_matches_single_device():
+  env = dict(os.environ, PYTHONPATH=REPO)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  one, mesh = out["one"], out["mesh"]
+  assert mesh["n_shards"] == 8 and "fsdp" in mesh["spec"], mesh["spec"]
+  assert one["cache"] == 1 and mesh["cache"] == 1  # Two steps, one compile.
+  np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-5)
+  for a, b in zip(mesh["params"], one["params"]):  # Adam: see above.
+    np.testing.assert_allclose(a, b, atol=2e-5)
