@@ -6,7 +6,8 @@ scanned (params carry a leading 'layers' axis), so compile time does not grow
 with depth.
 
 The KV cache is a dict of arrays:
-  k, v   [L, B, S, K, H]  keys / values of every layer
+  k, v   [L, B, K, S, H]  keys / values of every layer (slots next to each
+                          other per head: attention reads them untransposed)
   pos    [B, S] int32      position of each slot (for RoPE'd sliding windows)
   valid  [B, S] bool       slot holds a real token (not padding / empty)
   index  []     int32      next slot to write; all rows write the same slots
@@ -88,7 +89,13 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None, index=None):
+  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None):
+    """Attends to the cached keys (if any), then the new ones.
+
+    The cache is only read here: returning the new keys / values alone lets
+    the caller write just their slots, in place, instead of copying every
+    layer's cache each step. mask_BTS covers cache slots, then new tokens.
+    """
     c, dt = self.cfg, _dt(self.cfg.dtype)
     D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     p = lambda n, ax, sh, init=_W_INIT: _param(self, n, ax, sh, init,
@@ -107,23 +114,27 @@ class Attention(nn.Module):
     inv = rope_inv_freq(c)
     q, k = apply_rope(q, pos_BT, inv), apply_rope(k, pos_BT, inv)
     q = constrain(q, ("batch", "length", "act_heads", None))
-    if kv_cache is not None:  # Write the new keys at `index`, attend to all.
-      ck, cv = kv_cache
-      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
-      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
-    new_kv = (k, v)
     B, T = x_BTD.shape[:2]
     qg = q.reshape(B, T, K, N // K, H)
-    s = jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(dt),
-                   preferred_element_type=jnp.float32) * c.attn_scale
+    f32 = jnp.float32
+    s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=f32)
+    if kv_cache is not None:  # [B, K, S, H] each.
+      ck, cv = kv_cache
+      s_old = jnp.einsum("btkgh,bksh->bkgts", qg, ck.astype(dt),
+                         preferred_element_type=f32)
+      s = jnp.concatenate([s_old, s], axis=-1)
+    s = s * c.attn_scale
     if c.attn_logit_softcap:
       s = jnp.tanh(s / c.attn_logit_softcap) * c.attn_logit_softcap
     s = jnp.where(mask_BTS[:, None, None], s, MASK_VALUE)
     probs = jax.nn.softmax(s, axis=-1).astype(dt)
-    o = jnp.einsum("bkgts,bskh->btkgh", probs, v.astype(dt)).reshape(B, T, N, H)
+    o = jnp.einsum("bkgts,bskh->btkgh", probs[..., -T:], v)
+    if kv_cache is not None:
+      o = o + jnp.einsum("bkgts,bksh->btkgh", probs[..., :-T], cv.astype(dt))
+    o = o.reshape(B, T, N, H)
     out = jnp.einsum("btnh,nhd->btd", o, p("o", ("heads", "head_dim", "embed"),
                                             (N, H, D)))
-    return out, new_kv
+    return out, (k, v)
 
 
 class MLP(nn.Module):
@@ -147,16 +158,13 @@ class Layer(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, carry, layer_idx, pos_BT, mask_full, mask_slide, index):
+  def __call__(self, x, layer_idx, kv, pos_BT, mask_full, mask_slide):
+    """kv: this layer's slice of the cache (read only), or None."""
     c = self.cfg
-    x, cache_k, cache_v = carry
     sliding = jnp.asarray(c.sliding_layers)[layer_idx]
     mask = jnp.where(sliding, mask_slide, mask_full)
-    kv = None
-    if cache_k is not None:
-      kv = (cache_k[layer_idx], cache_v[layer_idx])
     h, (k, v) = Attention(c, name="attn")(RMSNorm(c, name="input_norm")(x),
-                                          pos_BT, mask, kv, index)
+                                          pos_BT, mask, kv)
     if c.is_gemma:
       h = RMSNorm(c, name="post_attn_norm")(h)
     x = x + h
@@ -165,10 +173,7 @@ class Layer(nn.Module):
     if c.is_gemma:
       h = RMSNorm(c, name="post_ffw_norm")(h)
     x = constrain(x + h, ("batch", "length", "act_embed"))
-    if cache_k is not None:  # Only the new slots change: an in-place update.
-      cache_k = cache_k.at[layer_idx].set(k)
-      cache_v = cache_v.at[layer_idx].set(v)
-    return (x, cache_k, cache_v), None
+    return x, ((k, v) if kv is not None else None)
 
 
 _REMAT = {
@@ -193,7 +198,7 @@ class Decoder(nn.Module):
       layer = nn.remat(Layer, prevent_cse=False, policy=_REMAT[c.remat])
     self.layers = nn.scan(
         layer, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+        in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
     self.final_norm = RMSNorm(c)
@@ -209,20 +214,14 @@ class Decoder(nn.Module):
     if c.is_gemma:
       x = x * jnp.asarray(math.sqrt(c.hidden_size), dt)
     x = constrain(x, ("batch", "length", "act_embed"))
-    mask_full, mask_slide, k_pos, index = _masks(c, pos_BT, mask_BT, cache)
-    ck = cv = None
-    if cache is not None:
-      ck, cv = cache["k"], cache["v"]
-    (x, ck, cv), _ = self.layers((x, ck, cv), jnp.arange(c.num_layers),
-                                 pos_BT, mask_full, mask_slide, index)
+    mask_full, mask_slide = _masks(c, pos_BT, mask_BT, cache)
+    kv = None if cache is None else (cache["k"], cache["v"])
+    x, new_kv = self.layers(x, jnp.arange(c.num_layers), kv, pos_BT,
+                            mask_full, mask_slide)
     x = self.final_norm(x)
     if cache is None:
       return x, None
-    new = dict(k=ck, v=cv, pos=k_pos,
-               valid=jax.lax.dynamic_update_slice(cache["valid"], mask_BT,
-                                                  (0, index)),
-               index=index + tokens_BT.shape[1])
-    return x, new
+    return x, _write_cache(cache, new_kv, pos_BT, mask_BT)
 
   def unembed(self, h_BTD):
     """Logits from hidden states (float32), with Gemma 2's final soft-cap."""
@@ -238,26 +237,37 @@ class Decoder(nn.Module):
 
 
 def _masks(c: ModelConfig, pos_BT, mask_BT, cache):
-  """[B, T, S] visibility: valid key, causal by slot, sliding by position."""
+  """[B, T, S + T] visibility of the cache slots, then of the new tokens:
+  valid key, causal (every cached slot precedes the new tokens), sliding
+  window by position."""
   T = pos_BT.shape[1]
-  if cache is None:
-    index = jnp.int32(0)
-    k_pos, k_valid, S = pos_BT, mask_BT.astype(bool), T
-  else:
-    index = cache["index"]
-    k_pos = jax.lax.dynamic_update_slice(cache["pos"], pos_BT.astype(jnp.int32),
-                                         (0, index))
-    k_valid = jax.lax.dynamic_update_slice(cache["valid"], mask_BT.astype(bool),
-                                           (0, index))
+  k_pos, k_valid = pos_BT, mask_BT.astype(bool)
+  causal = jnp.tril(jnp.ones((T, T), bool))
+  if cache is not None:
     S = cache["pos"].shape[1]
-  q_slot = index + jnp.arange(T)
-  causal = jnp.arange(S)[None, :] <= q_slot[:, None]
+    k_pos = jnp.concatenate([cache["pos"], pos_BT.astype(jnp.int32)], 1)
+    k_valid = jnp.concatenate([cache["valid"], k_valid], 1)
+    causal = jnp.concatenate([jnp.ones((T, S), bool), causal], 1)
   full = k_valid[:, None, :] & causal[None]
   slide = full
   if c.sliding_window and any(c.sliding_layers):
     dist = pos_BT[:, :, None] - k_pos[:, None, :]
     slide = full & (dist < c.sliding_window)
-  return full, slide, k_pos, index
+  return full, slide
+
+
+def _write_cache(cache: Cache, new_kv, pos_BT, mask_BT) -> Cache:
+  """Writes only the new slots index .. index + T (in place when donated)."""
+  k_LBKTH, v_LBKTH = (x.transpose(0, 1, 3, 2, 4) for x in new_kv)
+  index = cache["index"]
+  put = lambda old, new, *start: jax.lax.dynamic_update_slice(
+      old, new.astype(old.dtype), start)
+  zero = jnp.zeros((), jnp.int32)
+  return dict(k=put(cache["k"], k_LBKTH, zero, zero, zero, index, zero),
+              v=put(cache["v"], v_LBKTH, zero, zero, zero, index, zero),
+              pos=put(cache["pos"], pos_BT, zero, index),
+              valid=put(cache["valid"], mask_BT.astype(bool), zero, index),
+              index=index + pos_BT.shape[1])
 
 
 # ---------------------------------------------------------------- functional
@@ -266,7 +276,7 @@ def _masks(c: ModelConfig, pos_BT, mask_BT, cache):
 def init_cache(cfg: ModelConfig, batch: int, length: int,
                dtype: str | None = None) -> Cache:
   dt = _dt(dtype or cfg.dtype)
-  shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+  shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
   return dict(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
               pos=jnp.zeros((batch, length), jnp.int32),
               valid=jnp.zeros((batch, length), bool),

@@ -1,0 +1,230 @@
+r"""Greedy decoding speed of swirl_jax's sampler against `transformers`.
+
+SmolLM2-135M-Instruct (the bundled GGUF), float32, batch 16, prompts of 64
+tokens, 128 new tokens, greedy, EOS off so every row writes all 128. Both
+sides are timed on a whole `generate` (prefill + decode) after a warm-up
+call that compiles. The peer is `transformers` `generate` on PyTorch, on the
+same weights exported with `hf_io.export_hf_dir`, on 2 threads. Also times
+`extend` with a 64-token observation after 256 and after 2,048 tokens of
+context: earlier context is not recomputed, so the ratio stays near 1 (what
+grows is attention over the longer cache).
+
+  python benchmarks/sampler.py [--batch=16] [--repeats=3]
+      [--tunix-python=/path/to/python]
+
+`--tunix-python` adds Tunix's sampler as a second peer, run in that
+interpreter on a randomly initialised Llama 3 model of the same shape.
+Prints a summary, then one JSON line.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+import numpy as np
+
+from swirl_jax import paths
+from swirl_jax.models import decoder, gguf_io, hf_io
+from swirl_jax.sampling import sampler as sampler_lib
+
+
+def _best(fn, repeats: int) -> float:
+  """Fastest of `repeats` timed calls (the machine may be shared)."""
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def ours_runner(cfg, params, prompts, new_tokens):
+  """A `generate` callable for swirl_jax's sampler (compiled on first use)."""
+  sampler = sampler_lib.Sampler(params, cfg, config=sampler_lib.SamplerConfig(
+      eos_ids=()))
+  out = {}
+
+  def run():
+    out["tokens"] = sampler.generate(prompts, max_new_tokens=new_tokens).tokens
+  return run, out, sampler
+
+
+def transformers_runner(model_dir, prompts, new_tokens, threads):
+  """A `generate` callable for transformers on PyTorch, same weights."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(threads)
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      model_dir, dtype=torch.float32, attn_implementation="sdpa")
+  model.eval()
+  model.generation_config.eos_token_id = None
+  ids = torch.tensor(np.asarray(prompts))
+  mask = torch.ones_like(ids)
+  out = {}
+
+  def run(n=new_tokens):
+    with torch.no_grad():
+      out["tokens"] = model.generate(
+          input_ids=ids, attention_mask=mask, max_new_tokens=n,
+          min_new_tokens=n, do_sample=False,
+          pad_token_id=0)[:, ids.shape[1]:].numpy()
+  return run, out
+
+
+def _synthetic_state(sampler, batch: int, context: int, cache_len: int):
+  """A state whose rows hold `context` tokens (random keys and values):
+  extend's cost depends on the cache's shape, not on what it holds."""
+  cfg = sampler.cfg
+  cache = decoder.init_cache(cfg, batch, cache_len)
+  k, v = (jax.random.normal(jax.random.key(i), cache["k"].shape) * 0.1
+          for i in range(2))
+  cache = dict(cache, k=k, v=v,
+               pos=jnp.broadcast_to(jnp.arange(cache_len), (batch, cache_len)),
+               valid=jnp.broadcast_to(jnp.arange(cache_len) < context,
+                                      (batch, cache_len)),
+               index=jnp.int32(context))
+  return sampler_lib.SamplerState(
+      cache, jnp.zeros((batch, cfg.vocab_size)), jnp.zeros(batch, jnp.int32),
+      np.full(batch, context), context, np.zeros(batch, np.int64),
+      np.arange(batch))
+
+
+def bench_extend(sampler, context: int, obs_len: int, batch: int,
+                 repeats: int) -> float:
+  """Milliseconds for one `extend` of `obs_len` tokens per row."""
+  cache_len = sampler._cache_size(context + obs_len)  # pylint: disable=protected-access
+  obs = [list(range(100, 100 + obs_len))] * batch
+  times = []
+  for i in range(repeats + 1):
+    state = _synthetic_state(sampler, batch, context, cache_len)
+    jax.block_until_ready(state.cache)
+    start = time.perf_counter()
+    state = sampler.extend(state, obs)
+    jax.block_until_ready(state.logits_BV)
+    if i:  # The first call compiles.
+      times.append(time.perf_counter() - start)
+  return 1000 * min(times)
+
+
+_TUNIX_SCRIPT = textwrap.dedent("""
+    import dataclasses, json, sys, time
+    import numpy as np
+    from flax import nnx
+    from tunix.generate import sampler as sampler_lib
+    from tunix.models.llama3 import model as llama_lib
+    batch, prompt_len, new_tokens, repeats = map(int, sys.argv[1:5])
+    shape = dict(num_layers=30, vocab_size=49152, embed_dim=576,
+                 hidden_dim=1536, num_heads=9, head_dim=64, num_kv_heads=3,
+                 rope_theta=100000, norm_eps=1e-5, weight_tying=True)
+    fields = {f.name for f in dataclasses.fields(llama_lib.ModelConfig)}
+    cfg = llama_lib.ModelConfig(**{k: v for k, v in shape.items()
+                                   if k in fields})
+    model = llama_lib.Llama3(cfg, rngs=nnx.Rngs(0))
+
+    class Tok:  # Ids as text, so both sides decode the same token ids.
+      def encode(self, x, **kw): return [int(t) for t in x.split()]
+      def decode(self, ids, **kw): return " ".join(map(str, ids))
+      def bos_id(self): return 0  # Falsy: no BOS is prepended.
+      def eos_id(self): return -1  # Never sampled: all steps run.
+      def pad_id(self): return 0
+
+    s = sampler_lib.Sampler(model, Tok(), sampler_lib.CacheConfig(
+        cache_size=prompt_len + new_tokens, num_layers=30,
+        num_kv_heads=3, head_dim=64))
+    rng = np.random.RandomState(0)
+    prompts = [" ".join(map(str, rng.randint(3, 49152, prompt_len)))
+               for _ in range(batch)]
+    run = lambda: s(prompts, max_generation_steps=new_tokens,
+                    max_prompt_length=prompt_len, temperature=0.0)
+    run()  # Compiles.
+    best = 1e9
+    for _ in range(repeats):
+      t = time.perf_counter()
+      run()
+      best = min(best, time.perf_counter() - t)
+    print(json.dumps({"tok_s": batch * new_tokens / best}))
+""")
+
+
+def bench_tunix(python: str, batch, prompt_len, new_tokens, repeats):
+  """Tokens/s of Tunix's sampler, run in its own interpreter."""
+  out = subprocess.run(
+      [python, "-c", _TUNIX_SCRIPT, str(batch), str(prompt_len),
+       str(new_tokens), str(repeats)], capture_output=True, text=True,
+      timeout=3600, env=dict(os.environ, PYTHONPATH=""))
+  if out.returncode:
+    raise RuntimeError(f"tunix run failed:\n{out.stderr[-3000:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])["tok_s"]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch", type=int, default=16)
+  parser.add_argument("--prompt_len", type=int, default=64)
+  parser.add_argument("--new_tokens", type=int, default=128)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--extend_batch", type=int, default=4)
+  parser.add_argument("--torch_threads", type=int, default=2)
+  parser.add_argument("--tunix-python", dest="tunix_python", default=None,
+                      help="an interpreter with tunix installed")
+  args = parser.parse_args()
+
+  cfg, params = gguf_io.load_gguf(paths.smollm2_gguf_path())
+  rng = np.random.RandomState(0)
+  prompts = rng.randint(3, cfg.vocab_size,
+                        (args.batch, args.prompt_len)).tolist()
+  run_ours, our_out, sampler = ours_runner(cfg, params, prompts,
+                                          args.new_tokens)
+  with tempfile.TemporaryDirectory() as d:
+    hf_io.export_hf_dir(params, cfg, d)
+    run_peer, peer_out = transformers_runner(d, prompts, args.new_tokens,
+                                             args.torch_threads)
+  run_ours()  # Compiles.
+  run_peer(4)  # Warms up.
+  # Alternate the two, best of each: the machine's load drifts.
+  t_ours, t_peer = [], []
+  for _ in range(args.repeats):
+    t_ours.append(_best(run_ours, 1))
+    t_peer.append(_best(run_peer, 1))
+  n = args.batch * args.new_tokens
+  ours, peer = n / min(t_ours), n / min(t_peer)
+  print(f"swirl_jax: {ours:.1f} tokens/s")
+  same = float(np.mean(np.asarray(our_out["tokens"]) == peer_out["tokens"]))
+  print(f"transformers: {peer:.1f} tokens/s; ratio {ours / peer:.2f}; "
+        f"same greedy tokens: {same:.3f}")
+  ext = {n: bench_extend(sampler, n, 64, args.extend_batch, args.repeats)
+         for n in (256, 2048)}
+  print(f"extend 64 tokens x {args.extend_batch} rows: {ext[256]:.1f} ms "
+        f"after 256, {ext[2048]:.1f} ms after 2048")
+  result = {"benchmark": "sampler", "model": "smollm2_135m", "dtype":
+            "float32", "batch": args.batch, "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "ours_tok_s": round(ours, 1), "peer": "transformers",
+            "peer_tok_s": round(peer, 1), "ratio": round(ours / peer, 2),
+            "torch_threads": args.torch_threads,
+            "load_avg": round(os.getloadavg()[0], 2),
+            "same_tokens": round(same, 4),
+            "extend_batch": args.extend_batch,
+            "extend_ms_256": round(ext[256], 1),
+            "extend_ms_2048": round(ext[2048], 1),
+            "extend_ratio": round(ext[2048] / ext[256], 2)}
+  if args.tunix_python:
+    tunix = bench_tunix(args.tunix_python, args.batch, args.prompt_len,
+                        args.new_tokens, args.repeats)
+    result.update(tunix_tok_s=round(tunix, 1),
+                  tunix_ratio=round(ours / tunix, 2))
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,496 @@
+"""Sampler: greedy parity with `transformers`, multi-turn `extend`, behaviour
+log-probs, the sampling distribution, stop strings, errors, compile count and
+a fake 8-device mesh.
+
+Most tests share one tiny random Qwen2 model and one Sampler whose buckets
+are fixed, so the whole file compiles a handful of programs.
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+import transformers
+
+import hf_models
+from swirl_jax import paths
+from swirl_jax.models import decoder, gguf_io, hf_io
+from swirl_jax.sampling import decoding, distribution, stops
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+# One bucket per shape: every test on the shared sampler reuses its programs.
+TINY_CONFIG = SamplerConfig(max_cache_len=128, batch_buckets=(4,),
+                            length_buckets=(32, 64), cache_buckets=(128,),
+                            step_buckets=(64,), eos_ids=())
+ALPHABET = ["<", "/", "a", ">", "b", " ", "x", "\n"]
+
+
+@contextlib.contextmanager
+def _torch_threads(n):
+  # Several processes share two cores: more torch threads only contend.
+  old = torch.get_num_threads()
+  torch.set_num_threads(n)
+  try:
+    yield
+  finally:
+    torch.set_num_threads(old)
+
+
+def _random_hf_model(family, path, seed=0, std=0.02, **kw):
+  """A tiny HF model with every parameter drawn: weights and biases
+  N(0, std), norms 1 +- 0.1 (Gemma stores the scale minus one). Untied
+  embeddings keep greedy decoding from repeating the last token."""
+  cfg = hf_models.hf_config(family, tie_word_embeddings=False, **kw)
+  model = transformers.AutoModelForCausalLM.from_config(
+      cfg, attn_implementation="eager", dtype=torch.float32)
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=g)
+      if "norm" in name:
+        p.copy_(noise * 0.1 + (0.0 if family == "gemma2" else 1.0))
+      else:
+        p.copy_(noise * std)
+  model.eval()
+  model.save_pretrained(str(path), safe_serialization=True)
+  return model
+
+
+def _hf_greedy(model, prompts, new_tokens):
+  """transformers' greedy continuation of left-padded prompts, EOS off."""
+  P = max(map(len, prompts))
+  ids = np.zeros((len(prompts), P), np.int64)
+  mask = np.zeros((len(prompts), P), np.int64)
+  for i, p in enumerate(prompts):
+    ids[i, P - len(p):], mask[i, P - len(p):] = p, 1
+  model.generation_config.eos_token_id = None
+  with _torch_threads(1), torch.no_grad():
+    out = model.generate(input_ids=torch.tensor(ids),
+                         attention_mask=torch.tensor(mask),
+                         max_new_tokens=new_tokens, do_sample=False,
+                         pad_token_id=0)
+  return out[:, P:].numpy()
+
+
+def _token_table(vocab, seed=0):
+  """Tokens of 1-3 characters over a small alphabet: stop strings of a few
+  characters cross token boundaries in many ways."""
+  rng = np.random.RandomState(seed)
+  return ["".join(rng.choice(ALPHABET, rng.randint(1, 4))).encode()
+          for _ in range(vocab)]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+  path = tmp_path_factory.mktemp("qwen2")
+  model = _random_hf_model("qwen2", path)
+  cfg, params = hf_io.load_hf_dir(path)
+  table = _token_table(cfg.vocab_size)
+  sampler = Sampler(params, cfg, config=TINY_CONFIG, token_bytes=table)
+  return dict(model=model, cfg=cfg, params=params, table=table,
+              sampler=sampler, path=path)
+
+
+def _prompts(lengths, vocab=128, seed=0):
+  rng = np.random.RandomState(seed)
+  return [rng.randint(0, vocab, n).tolist() for n in lengths]
+
+
+# --------------------------------------------------------- greedy parity
+
+
+def test_greedy_matches_transformers_qwen2(qwen):
+  prompts = _prompts([5, 12, 9])
+  res = qwen["sampler"].generate(prompts, max_new_tokens=64)
+  ref = _hf_greedy(qwen["model"], prompts, 64)
+  np.testing.assert_array_equal(np.asarray(res.tokens), ref)
+  assert res.stop_reasons == ["length"] * 3
+  assert max(len(set(t)) for t in res.tokens) > 10  # Not degenerate.
+
+
+def test_greedy_matches_transformers_gemma2(tmp_path):
+  # Window 8: the sliding layers drop most of the context.
+  model = _random_hf_model("gemma2", tmp_path, seed=1, std=0.05)
+  cfg, params = hf_io.load_hf_dir(tmp_path)
+  prompts = _prompts([5, 12, 9], seed=1)
+  res = Sampler(params, cfg, config=TINY_CONFIG).generate(
+      prompts, max_new_tokens=64)
+  ref = _hf_greedy(model, prompts, 64)
+  np.testing.assert_array_equal(np.asarray(res.tokens), ref)
+  assert max(len(set(t)) for t in res.tokens) > 10
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+  try:
+    path = paths.smollm2_gguf_path()
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  cfg, params = gguf_io.load_gguf(path)
+  return path, cfg, params
+
+
+def test_greedy_matches_transformers_smollm2(smollm2, tmp_path):
+  """The real model on chat prompts (about a minute on two CPU cores)."""
+  from swirl_jax.models.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  path, cfg, params = smollm2
+  tok = Tokenizer.from_gguf(path)
+  prompts = [tok.render_and_encode([{"role": "user", "content": q}])
+             for q in ("What is 7 times 8?",
+                       "Write a short poem about the sea and the sky.",
+                       "Name three prime numbers.")]
+  assert len({len(p) for p in prompts}) == 3
+  config = SamplerConfig(batch_buckets=(4,), length_buckets=(64,),
+                         cache_buckets=(128,), step_buckets=(64,),
+                         eos_ids=())
+  res = Sampler(params, cfg, tok, config).generate(prompts,
+                                                    max_new_tokens=64)
+  hf_io.export_hf_dir(params, cfg, tmp_path)
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path, dtype=torch.float32, attn_implementation="eager")
+  ref = _hf_greedy(model, prompts, 64)
+  np.testing.assert_array_equal(np.asarray(res.tokens), ref)
+  assert res.texts[0] == tok.decode(res.tokens[0])
+
+
+# ------------------------------------------------------------ multi-turn
+
+
+def _boundary_stop(tokens, table, at):
+  """A 3-byte string ending inside token `at` and starting in an earlier
+  token, and the index of the token that first completes it."""
+  text = b"".join(table[t] for t in tokens[:at + 1])
+  end = len(text) - len(table[tokens[at]]) + 1
+  s = text[end - 3:end].decode()
+  return s, stops.first_stop(tokens, table, [s])
+
+
+def test_extend_continues_like_prefilling_everything(qwen):
+  """generate -> stop at a string -> extend -> generate gives the tokens of
+  prefilling the whole concatenated context at once."""
+  s, table = qwen["sampler"], qwen["table"]
+  prompts = _prompts([7, 3, 11, 5], seed=2)
+  free = s.generate(prompts, max_new_tokens=20)
+  stop_str, first = _boundary_stop(free.tokens[0], table, 9)
+  turn1 = s.generate(prompts, max_new_tokens=20, stop_strings=[stop_str])
+  assert turn1.stop_reasons[0] == "stop"
+  assert turn1.tokens[0] == free.tokens[0][:first + 1]
+  assert turn1.matched_stops[0] == stop_str
+  assert turn1.texts[0].endswith(stop_str)
+  obs = [[5, 6, 7], [], [9] * 10, [1]]  # Row 1 adds nothing.
+  state = s.extend(turn1.state, obs)
+  turn2 = s.generate(state=state, max_new_tokens=20)
+  whole = [p + t + o for p, t, o in zip(prompts, turn1.tokens, obs)]
+  np.testing.assert_array_equal(state.lengths, [len(w) for w in whole])
+  ref = s.generate(whole, max_new_tokens=20)
+  assert turn2.tokens == ref.tokens
+  for a, b in zip(turn2.logprobs, ref.logprobs):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_cache_ends_at_the_last_returned_token(qwen):
+  s = qwen["sampler"]
+  prompts = _prompts([4, 9], seed=3)
+  res = s.generate(prompts, max_new_tokens=[5, 12])
+  cache = res.state.cache
+  valid = np.asarray(cache["valid"])
+  pos = np.asarray(cache["pos"])
+  assert int(cache["index"]) == res.state.index == 32 + 12
+  for i, (p, t) in enumerate(zip(prompts, res.tokens)):
+    assert valid[i].sum() == len(p) + len(t) == res.state.lengths[i]
+    np.testing.assert_array_equal(pos[i][valid[i]], np.arange(len(p) + len(t)))
+  assert not valid[2:].any()  # Batch padding holds nothing.
+
+
+# ------------------------------------------------------ behaviour log-probs
+
+
+@pytest.fixture(scope="module")
+def teacher(qwen):
+  cfg = qwen["cfg"]
+  fwd = jax.jit(lambda p, t: decoder.forward(p, cfg, t)[0])
+  return lambda tokens: np.asarray(fwd(qwen["params"], jnp.asarray(
+      [tokens + [0] * (96 - len(tokens))])))[0]
+
+
+_sampling_logits_jit = jax.jit(distribution.sampling_logits)
+
+
+def test_logprobs_equal_teacher_forcing(qwen, teacher):
+  """Per-row greedy / temperature / top-k / top-p in one batch."""
+  settings = dict(temperature=[0.0, 0.7, 1.3, 1.0], top_k=[0, 10, 0, 20],
+                  top_p=[1.0, 1.0, 0.8, 0.9])
+  prompts = _prompts([6, 13, 2, 9], seed=4)
+  res = qwen["sampler"].generate(prompts, max_new_tokens=30, seed=11,
+                                 **settings)
+  for i, (p, t) in enumerate(zip(prompts, res.tokens)):
+    logits = teacher(p + t)[len(p) - 1:len(p) + len(t) - 1]
+    n = len(t)
+    w = _sampling_logits_jit(
+        jnp.asarray(logits), jnp.full(n, settings["temperature"][i]),
+        jnp.full(n, settings["top_k"][i]), jnp.full(n, settings["top_p"][i]))
+    ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(w)),
+                             np.asarray(t)[:, None], 1)[:, 0]
+    np.testing.assert_allclose(res.logprobs[i], ref, atol=1e-4)
+    assert np.isfinite(res.logprobs[i]).all()
+  assert res.tokens[0] == qwen["sampler"].generate(
+      prompts[:1], max_new_tokens=30).tokens[0]  # Row 0 is greedy.
+
+
+# ----------------------------------------------------- sampling and seeds
+
+
+def test_sampling_is_reproducible_and_per_row(qwen):
+  s = qwen["sampler"]
+  prompts = _prompts([5, 8], seed=5)
+  kw = dict(max_new_tokens=24, temperature=1.0, top_p=0.95)
+  a = s.generate(prompts, seed=3, **kw)
+  b = s.generate(prompts, seed=3, **kw)
+  c = s.generate(prompts, seed=4, **kw)
+  assert a.tokens == b.tokens
+  assert a.tokens != c.tokens
+  # Per-row seeds: a row samples the same whatever else is in the batch.
+  d = s.generate(prompts, seed=[10, 20], **kw)
+  e = s.generate(prompts[1:], seed=[20], **kw)
+  assert d.tokens[1] == e.tokens[0]
+
+
+def _reference_probs(logits, temperature, top_k, top_p):
+  """The truncated distribution, in float64, straight from its definition."""
+  z = np.asarray(logits, np.float64) / temperature
+  order = np.argsort(-z)
+  k = len(z) if top_k <= 0 else top_k
+  kept = order[:k]
+  p = np.exp(z[kept] - z[kept].max())
+  p /= p.sum()
+  mass_before = np.cumsum(p) - p
+  kept = kept[mass_before < top_p] if top_p < 1 else kept
+  out = np.zeros(len(z))
+  out[kept] = np.exp(z[kept] - z[kept].max())
+  return out / out.sum()
+
+
+_sample_jit = jax.jit(distribution.sample_tokens)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 3, 1.0), (1.5, 0, 0.6),
+    (0.8, 5, 0.7)])
+def test_sampling_matches_the_truncated_distribution(temperature, top_k,
+                                                     top_p):
+  logits = np.array([2.0, 1.5, 0.3, -0.2, 1.1, -1.0, 0.7, 0.05], np.float32)
+  n = 20000
+  want = _reference_probs(logits, temperature, top_k, top_p)
+  toks, lps = _sample_jit(jnp.broadcast_to(logits, (n, 8)),
+                 jax.random.split(jax.random.key(0), n),
+                 jnp.full(n, temperature), jnp.full(n, top_k, jnp.int32),
+                 jnp.full(n, top_p))
+  counts = np.bincount(np.asarray(toks), minlength=8)
+  assert counts[want == 0].sum() == 0
+  keep = want > 0
+  _, pvalue = scipy.stats.chisquare(counts[keep], n * want[keep])
+  assert pvalue > 1e-3, (counts, n * want)
+  np.testing.assert_allclose(np.asarray(lps), np.log(want[np.asarray(toks)]),
+                             atol=1e-5)
+
+
+def test_greedy_rows_take_the_argmax():
+  logits = jnp.asarray([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
+  toks, lps = _sample_jit(
+      logits, jax.random.split(jax.random.key(0), 2), jnp.zeros(2),
+      jnp.asarray([1, 0]), jnp.asarray([0.1, 1.0]))
+  np.testing.assert_array_equal(toks, [1, 0])
+  np.testing.assert_allclose(
+      lps, np.asarray(jax.nn.log_softmax(logits))[[0, 1], [1, 0]], atol=1e-6)
+
+
+# ----------------------------------------------------------- stop strings
+
+
+def _run_table(table_QV, tokens):
+  state = 0
+  for n, t in enumerate(tokens):
+    state = table_QV[state, t]
+    if state < 0:
+      return n
+  return None
+
+
+def test_stop_table_matches_a_text_search():
+  rng = np.random.RandomState(0)
+  stop_strings = ["</a>", "aba", "ab>", "```", "\n\n", "b"]
+  for trial in range(30):
+    tb = _token_table(64, seed=trial)
+    tb[5] = b"x</a>b"  # A stop string inside one token.
+    tb[6] = b"`"
+    tb[7] = b"``"
+    strings = list(rng.choice(stop_strings, rng.randint(1, 4), replace=False))
+    table = stops.stop_table(tb, strings)
+    for _ in range(20):
+      toks = rng.randint(0, 64, 30).tolist()
+      assert _run_table(table, toks) == stops.first_stop(toks, tb, strings)
+
+
+def test_stop_string_split_inside_a_utf8_character():
+  tb = [b"\xc3", b"\xa9", b"caf", b"!"]  # "é" is two tokens.
+  table = stops.stop_table(tb, ["café!"])
+  assert _run_table(table, [2, 0, 1, 3]) == 3
+  assert _run_table(table, [2, 0, 3]) is None
+
+
+def test_token_bytes_from_decode_callable():
+  vocab = {0: "ab", 1: "\ufffd", 2: " </x>"}
+  tb = stops.token_byte_table(lambda ids: "".join(vocab[i] for i in ids), 4)
+  assert tb == [b"ab", b"\xff", b" </x>", b""]
+
+
+def test_cut_at_stop():
+  assert stops.cut_at_stop("a </b> c </d>", ["</d>", "</b>"]) == (
+      "a </b>", "</b>")
+  assert stops.cut_at_stop("x```y", ["```"], keep=False) == ("x", "```")
+  assert stops.cut_at_stop("none", ["</b>"]) == ("none", None)
+
+
+def test_stop_strings_end_rows_exactly(qwen):
+  """Each row stops on the token completing its first stop occurrence, even
+  when the string spans tokens; rows that never match run to the limit."""
+  s, table = qwen["sampler"], qwen["table"]
+  prompts = _prompts([3, 10, 6], seed=6)
+  kw = dict(max_new_tokens=40, temperature=1.2, seed=7)
+  free = s.generate(prompts, **kw)
+  s1, _ = _boundary_stop(free.tokens[0], table, 6)
+  s2, _ = _boundary_stop(free.tokens[1], table, 25)
+  res = s.generate(prompts, stop_strings=[s1, s2], **kw)
+  for i, t in enumerate(free.tokens):
+    n = stops.first_stop(t, table, [s1, s2])
+    if n is None:
+      assert res.stop_reasons[i] == "length" and res.tokens[i] == t
+      continue
+    assert res.stop_reasons[i] == "stop"
+    assert res.tokens[i] == t[:n + 1]
+    np.testing.assert_allclose(res.logprobs[i], free.logprobs[i][:n + 1],
+                               atol=1e-5)
+    text = b"".join(table[j] for j in res.tokens[i]).decode()
+    want, matched = stops.cut_at_stop(text, [s1, s2])
+    assert (res.texts[i], res.matched_stops[i]) == (want, matched)
+  assert res.stop_reasons[0] == "stop"
+  assert res.state.lengths.tolist() == [
+      len(p) + len(t) for p, t in zip(prompts, res.tokens)]
+
+
+def test_eos_stops_a_row(qwen):
+  s, table = qwen["sampler"], qwen["table"]
+  prompts = _prompts([5, 8], seed=8)
+  free = s.generate(prompts, max_new_tokens=20)
+  eos = free.tokens[1][4]
+  # A Sampler of the same model shares the compiled programs.
+  with_eos = Sampler(qwen["params"], qwen["cfg"], config=dataclasses.replace(
+      TINY_CONFIG, eos_ids=(eos,)), token_bytes=table)
+  res = with_eos.generate(prompts, max_new_tokens=20)
+  for i, t in enumerate(free.tokens):
+    n = t.index(eos) if eos in t else None
+    if n is None:
+      assert res.tokens[i] == t and res.stop_reasons[i] == "length"
+      continue
+    assert res.tokens[i] == t[:n + 1] and res.stop_reasons[i] == "eos"
+    assert res.texts[i] == b"".join(table[j] for j in t[:n]).decode()
+  assert with_eos.programs is s.programs
+
+
+# ----------------------------------------------------- limits and errors
+
+
+def test_cache_full_and_too_long(qwen):
+  s = qwen["sampler"]
+  with pytest.raises(ValueError, match="max_cache_len"):
+    s.generate([[1] * 129], max_new_tokens=4)
+  state = s.start(_prompts([12, 4], seed=9))
+  state = s.extend(state, [[3] * 40, [4] * 50])  # 32 + 64 slots used.
+  with pytest.raises(ValueError, match="do not fit"):
+    s.extend(state, [[1] * 33, None])
+  res = s.generate(state=state, max_new_tokens=64)
+  assert res.stop_reasons == ["cache_full"] * 2
+  assert [len(t) for t in res.tokens] == [32, 32]
+  assert res.state.index == 128
+  again = s.generate(state=res.state, max_new_tokens=8)
+  assert again.tokens == [[], []] and again.stop_reasons == ["cache_full"] * 2
+  with pytest.raises(ValueError, match="already used"):
+    s.generate(state=res.state, max_new_tokens=8)
+
+
+def test_compiles_a_fixed_number_of_programs(qwen):
+  s = qwen["sampler"]
+  warm = s.generate(_prompts([3]), max_new_tokens=8)  # The programs exist.
+  s.extend(warm.state, [[1]])
+  before = dict(s.trace_counts)
+  jitted = (s.programs.prefill, s.programs.decode, s.programs.extend)
+  sizes = [f._cache_size() for f in jitted]  # pylint: disable=protected-access
+  for i, lengths in enumerate([[1], [30, 2], [17, 5, 9], [8, 8, 8, 8]]):
+    res = s.generate(_prompts(lengths, seed=i), max_new_tokens=10 + 9 * i,
+                     temperature=0.5 * (i % 2), top_k=i, top_p=0.9,
+                     stop_strings=["ab", "</a>", "x"][:i], seed=i)
+    s.extend(res.state, [[1] * (i + 1)] * len(lengths))
+  assert dict(s.trace_counts) == before
+  assert [f._cache_size() for f in jitted] == sizes  # pylint: disable=protected-access
+
+
+# ------------------------------------------------------------------ mesh
+
+
+_MESH_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, numpy as np
+    jax.config.update("jax_default_matmul_precision", "highest")
+    from jax.sharding import PartitionSpec as P
+    from swirl_jax import sharding as shd
+    from swirl_jax.models import hf_io
+    from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+    path, want = sys.argv[1], json.loads(sys.argv[2])
+    mesh = shd.make_mesh([("data", 4), ("fsdp", 1), ("tensor", 2)])
+    cfg, params = hf_io.load_hf_dir(path, mesh=mesh)
+    s = Sampler(params, cfg, config=SamplerConfig.from_config(want["config"]),
+                mesh=mesh)
+    res = s.generate(want["prompts"], **want["kw"])
+    assert res.tokens == want["tokens"], (res.tokens, want["tokens"])
+    err = max(float(np.abs(np.asarray(a) - b).max())
+              for a, b in zip(res.logprobs, want["logprobs"]))
+    assert err < 1e-4, err
+    k = res.state.cache["k"]
+    assert k.sharding.spec[1] == "data", k.sharding.spec
+    assert k.addressable_shards[0].data.shape[1] == k.shape[1] // 4
+    state = s.extend(res.state, [[1, 2], [3], [], [4, 5, 6]])
+    more = s.generate(state=state, max_new_tokens=5)
+    assert all(len(t) == 5 for t in more.tokens)
+    print("OK", err)
+""")
+
+
+def test_sharded_sampler_on_fake_mesh(qwen):
+  prompts = _prompts([5, 12, 9, 2], seed=10)
+  kw = dict(max_new_tokens=16, temperature=0.9, top_k=20, seed=5)
+  res = qwen["sampler"].generate(prompts, **kw)
+  config = dataclasses.asdict(TINY_CONFIG)
+  want = dict(config=config, prompts=prompts, kw=kw, tokens=res.tokens,
+              logprobs=[lp.tolist() for lp in res.logprobs])
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             PYTHONPATH=os.pathsep.join(
+                 [os.path.dirname(os.path.dirname(__file__)),
+                  os.environ.get("PYTHONPATH", "")]))
+  out = subprocess.run([sys.executable, "-c", _MESH_SCRIPT,
+                        str(qwen["path"]), json.dumps(want)],
+                       capture_output=True, text=True, env=env, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "OK" in out.stdout
