@@ -25,7 +25,7 @@ import transformers
 import hf_models
 from swirl_jax import paths
 from swirl_jax.models import decoder, gguf_io, hf_io
-from swirl_jax.sampling import decoding, distribution, stops
+from swirl_jax.sampling import distribution, stops
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 
 jax.config.update("jax_default_matmul_precision", "highest")

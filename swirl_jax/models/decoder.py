@@ -130,7 +130,10 @@ class Attention(nn.Module):
     probs = jax.nn.softmax(s, axis=-1).astype(dt)
     o = jnp.einsum("bkgts,bskh->btkgh", probs[..., -T:], v)
     if kv_cache is not None:
-      o = o + jnp.einsum("bkgts,bksh->btkgh", probs[..., :-T], cv.astype(dt))
+      # Batch dims leading in the output too: XLA's CPU matmul takes it as
+      # is (a [.., t, k, ..] output falls back to a slow generic dot).
+      o_old = jnp.einsum("bkgts,bksh->bkgth", probs[..., :-T], cv.astype(dt))
+      o = o + o_old.transpose(0, 3, 1, 2, 4)
     o = o.reshape(B, T, N, H)
     out = jnp.einsum("btnh,nhd->btd", o, p("o", ("heads", "head_dim", "embed"),
                                             (N, H, D)))
