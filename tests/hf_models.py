@@ -35,26 +35,33 @@ def hf_config(family: str, **kw) -> transformers.PretrainedConfig:
   raise ValueError(family)
 
 
-def randomize_(model: torch.nn.Module, seed: int = 0) -> None:
+def randomize_(model: torch.nn.Module, seed: int = 0, *, std: float = 0.08,
+               bias_std: float = 0.5, norm_std: float = 0.3) -> None:
+  """Weights N(0, std), biases N(0, bias_std), norms 1 +- norm_std (Gemma
+  stores the scale minus one, so its norms are centred on 0)."""
   g = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=g)
       if "norm" in name:
-        p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (0.0 if "gemma"
+        p.copy_(noise * norm_std + (0.0 if "gemma"
                 in type(model).__name__.lower() else 1.0))
       elif name.endswith("bias"):
-        p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        p.copy_(noise * bias_std)
       else:
-        p.copy_(torch.randn(p.shape, generator=g) * 0.08)
+        p.copy_(noise * std)
 
 
-def save_random_model(family: str, path, seed: int = 0, **kw):
-  """Saves a random tiny model of `family` to `path`; returns the model."""
+def save_random_model(family: str, path, seed: int = 0, *, init=None, **kw):
+  """Saves a random tiny model of `family` to `path`; returns the model.
+
+  `init`: keyword arguments of `randomize_`; the rest go to the config.
+  """
   torch.manual_seed(seed)
   cfg = hf_config(family, **kw)
   model = transformers.AutoModelForCausalLM.from_config(
       cfg, attn_implementation="eager", dtype=torch.float32)
-  randomize_(model, seed)
+  randomize_(model, seed, **(init or {}))
   model.eval()
   model.save_pretrained(str(path), safe_serialization=True)
   return model

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import hf_models
-from swirl_jax import paths
 from swirl_jax.models import decoder, gguf_io, hf_io, presets
 from swirl_jax.models.config import from_hf_config
 
@@ -118,16 +117,6 @@ def test_export_is_loadable_by_transformers(tmp_path):
     ref = model(torch.tensor(tokens)).logits.numpy()
   ours, _ = decoder.forward(params, cfg, jnp.asarray(tokens))
   assert np.abs(np.asarray(ours) - ref).max() < 5e-3
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-  try:
-    path = paths.smollm2_gguf_path()
-  except FileNotFoundError as e:
-    pytest.skip(str(e))
-  cfg, params = gguf_io.load_gguf(path)
-  return path, cfg, params
 
 
 def test_smollm2_gguf_matches_transformers(smollm2, tmp_path):

@@ -23,8 +23,7 @@ import torch
 import transformers
 
 import hf_models
-from swirl_jax import paths
-from swirl_jax.models import decoder, gguf_io, hf_io
+from swirl_jax.models import decoder, hf_io
 from swirl_jax.sampling import distribution, stops
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 
@@ -49,23 +48,11 @@ def _torch_threads(n):
 
 
 def _random_hf_model(family, path, seed=0, std=0.02, **kw):
-  """A tiny HF model with every parameter drawn: weights and biases
-  N(0, std), norms 1 +- 0.1 (Gemma stores the scale minus one). Untied
-  embeddings keep greedy decoding from repeating the last token."""
-  cfg = hf_models.hf_config(family, tie_word_embeddings=False, **kw)
-  model = transformers.AutoModelForCausalLM.from_config(
-      cfg, attn_implementation="eager", dtype=torch.float32)
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=g)
-      if "norm" in name:
-        p.copy_(noise * 0.1 + (0.0 if family == "gemma2" else 1.0))
-      else:
-        p.copy_(noise * std)
-  model.eval()
-  model.save_pretrained(str(path), safe_serialization=True)
-  return model
+  """Every parameter drawn: weights and biases N(0, std), norms 1 +- 0.1.
+  Untied embeddings keep greedy decoding from repeating the last token."""
+  return hf_models.save_random_model(
+      family, path, seed, tie_word_embeddings=False,
+      init=dict(std=std, bias_std=std, norm_std=0.1), **kw)
 
 
 def _hf_greedy(model, prompts, new_tokens):
@@ -130,16 +117,6 @@ def test_greedy_matches_transformers_gemma2(tmp_path):
   ref = _hf_greedy(model, prompts, 64)
   np.testing.assert_array_equal(np.asarray(res.tokens), ref)
   assert max(len(set(t)) for t in res.tokens) > 10
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-  try:
-    path = paths.smollm2_gguf_path()
-  except FileNotFoundError as e:
-    pytest.skip(str(e))
-  cfg, params = gguf_io.load_gguf(path)
-  return path, cfg, params
 
 
 def test_greedy_matches_transformers_smollm2(smollm2, tmp_path):

@@ -16,7 +16,6 @@ Rows of different lengths are padded, and padded slots stay invalid forever.
 
 import functools
 import math
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -228,15 +227,9 @@ class Decoder(nn.Module):
 
   def unembed(self, h_BTD):
     """Logits from hidden states (float32), with Gemma 2's final soft-cap."""
-    c, dt = self.cfg, _dt(self.cfg.dtype)
-    w = (self.embedding.astype(dt).T if c.tie_embeddings
-         else self.lm_head.astype(dt))
-    logits = jnp.einsum("...d,dv->...v", h_BTD.astype(dt), w,
-                        preferred_element_type=jnp.float32)
-    if c.final_logit_softcap:
-      cap = c.final_logit_softcap
-      logits = jnp.tanh(logits / cap) * cap
-    return logits
+    sub = {"embedding": self.embedding} if self.cfg.tie_embeddings else \
+        {"lm_head": self.lm_head}
+    return unembed_with(sub, self.cfg, h_BTD)
 
 
 def _masks(c: ModelConfig, pos_BT, mask_BT, cache):
@@ -302,7 +295,7 @@ def hidden_states(params, cfg: ModelConfig, tokens_BT, positions_BT=None,
 
 
 def unembed(params, cfg: ModelConfig, h):
-  return Decoder(cfg).apply({"params": params}, h, method=Decoder.unembed)
+  return unembed_with(unembed_params(params, cfg), cfg, h)
 
 
 def unembed_params(params, cfg: ModelConfig) -> dict:
