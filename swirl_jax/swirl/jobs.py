@@ -87,9 +87,12 @@ def run_filter(c, workdir):
   out = work / "filter"
   out.mkdir(parents=True, exist_ok=True)
   judged_path = out / "units.jsonl"
-  if judged_path.exists():  # Judging is the costly part: keep its labels.
-    units = read_jsonl(str(judged_path), StepUnit)
-  else:
+  cached = read_jsonl(str(judged_path), StepUnit) \
+      if judged_path.exists() else []
+  key = lambda us: sorted((u.trajectory_id, u.step_index) for u in us)
+  if cached and key(cached) == key(units):  # Judging is the costly part.
+    units = cached
+  else:  # New or changed stage 1 output: judge again.
     policy = (loading.load_policy(c.model, seed=c.seed)
               if c.judge.kind == "model" else None)
     judge = _judge(c.judge, _tasks(c, "train"), policy)
