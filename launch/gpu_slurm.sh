@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# Multi-node GPU runs of swirl_jax under SLURM: writes an sbatch script that
+# starts one process per node with srun, and submits it. --dry-run prints
+# the script and the commands ("+ " and the command, one a line) and runs
+# nothing.
+set -euo pipefail
+
+CHECKOUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly CHECKOUT
+readonly JOB_FILE=swirl_jax.sbatch
+
+usage() {
+  cat <<'EOF'
+usage: launch/gpu_slurm.sh COMMAND [options] [-- args for main]
+
+Commands:
+  script   print the sbatch script
+  submit   write it to WORKDIR/swirl_jax.sbatch and sbatch it
+  install  make --venv here and pip install jax[cuda12] and this checkout
+
+Options ([environment variable] that sets the default):
+  --config FILE[:ARGS]  config, relative to the checkout [CONFIG]
+  --workdir DIR         output directory, on a file system all nodes share
+                        [WORKDIR]
+  --nodes N             nodes, one process each (default 1) [NODES]
+  --gpus-per-node G     GPUs per node (default 8) [GPUS_PER_NODE]
+  --partition P         SLURM partition [PARTITION]
+  --time T              time limit, e.g. 24:00:00 [TIME_LIMIT]
+  --job-name NAME       job name (default swirl_jax)
+  --venv DIR            virtual environment (default ~/venvs/swirl_jax)
+                        [VENV]
+  --sbatch OPT          extra #SBATCH option, e.g. --account=abc (repeatable)
+  --setup CMD           shell line run before srun, e.g. 'module load
+                        cuda' (repeatable)
+  --env KEY=VALUE       exported for main (repeatable)
+  -n, --dry-run         print the script and the commands, run nothing
+                        [DRY_RUN=1]
+  -h, --help            this help
+
+Example:
+  launch/gpu_slurm.sh submit --dry-run --nodes=2 --gpus-per-node=8 \
+      --config=configs/swirl_gsm8k.py --workdir=$HOME/runs/swirl_gsm8k
+EOF
+}
+
+die() {
+  echo "error: $*" >&2
+  exit 2
+}
+
+# One word as shell text, quoted only when it has to be.
+quote() {
+  local safe='^[A-Za-z0-9_./:=,@%+-]+$'
+  if [[ $1 =~ $safe ]]; then
+    printf '%s' "$1"
+  else
+    printf "'%s'" "${1//\'/\'\\\'\'}"
+  fi
+}
+
+quote_words() {
+  local out="" w
+  for w in "$@"; do out+="${out:+ }$(quote "$w")"; done
+  printf '%s' "$out"
+}
+
+run_cmd() {
+  if [[ $DRY_RUN == 1 ]]; then
+    echo "+ $(quote_words "$@")"
+  else
+    echo "+ $(quote_words "$@")" >&2
+    "$@"
+  fi
+}
+
+# Option name -> variable it sets; fails for an unknown option.
+option_var() {
+  case $1 in
+    --config) echo CONFIG ;;
+    --workdir) echo WORKDIR ;;
+    --nodes) echo NODES ;;
+    --gpus-per-node) echo GPUS_PER_NODE ;;
+    --partition) echo PARTITION ;;
+    --time) echo TIME_LIMIT ;;
+    --job-name) echo JOB_NAME ;;
+    --venv) echo VENV ;;
+    --sbatch) echo SBATCH_ITEM ;;
+    --setup) echo SETUP_ITEM ;;
+    --env) echo ENV_ITEM ;;
+    *) return 1 ;;
+  esac
+}
+
+# set_option NAME VALUE HAS_VALUE
+set_option() {
+  local var
+  var=$(option_var "$1") || die "unknown option $1 (see --help)"
+  [[ $3 == 1 && -n $2 ]] || die "option $1 needs a value"
+  # --sbatch takes "--account=abc"; every other value starting with "-" is
+  # more likely a forgotten value than a value.
+  [[ $var == SBATCH_ITEM || $2 != -* ]] || die "option $1 needs a value"
+  case $var in
+    SBATCH_ITEM) SBATCH_OPTS+=("$2") ;;
+    SETUP_ITEM) SETUP+=("$2") ;;
+    ENV_ITEM)
+      [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] ||
+        die "--env wants KEY=VALUE, got '$2'"
+      ENVS+=("$2")
+      ;;
+    *) printf -v "$var" '%s' "$2" ;;
+  esac
+}
+
+parse_args() {
+  while (($#)); do
+    case $1 in
+      -h | --help) usage; exit 0 ;;
+      -n | --dry-run) DRY_RUN=1 ;;
+      --) shift; EXTRA=("$@"); return ;;
+      --*=*) set_option "${1%%=*}" "${1#*=}" 1 ;;
+      --*) set_option "$1" "${2-}" "$(($# >= 2))"; shift ;;
+      *) die "unexpected argument '$1' (arguments for main go after --)" ;;
+    esac
+    shift
+  done
+}
+
+require() {
+  [[ -n ${!1} ]] || die "missing $2 (or set $1)"
+}
+
+positive_int() {
+  [[ $1 =~ ^[1-9][0-9]*$ ]] || die "$2 wants a positive integer, got '$1'"
+}
+
+absolute() {
+  if [[ $1 == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi
+}
+
+check_job_options() {
+  require CONFIG --config
+  require WORKDIR --workdir
+  positive_int "$NODES" --nodes
+  positive_int "$GPUS_PER_NODE" --gpus-per-node
+  [[ -f $CHECKOUT/${CONFIG%%:*} ]] || die "no config ${CONFIG%%:*} in $CHECKOUT"
+  # The job starts in the checkout; paths given from here must not move.
+  WORKDIR=$(absolute "$WORKDIR")
+}
+
+# 0,1,...,G-1
+device_ids() {
+  local ids=0 i
+  for ((i = 1; i < $1; i++)); do ids+=",$i"; done
+  echo "$ids"
+}
+
+sbatch_header() {
+  local opts=(--job-name="$JOB_NAME" --nodes="$NODES" --ntasks-per-node=1
+    --gpus-per-node="$GPUS_PER_NODE" --output="$WORKDIR/slurm-%j.out")
+  [[ -z $PARTITION ]] || opts+=(--partition="$PARTITION")
+  [[ -z $TIME_LIMIT ]] || opts+=(--time="$TIME_LIMIT")
+  opts+=(${SBATCH_OPTS[@]+"${SBATCH_OPTS[@]}"})
+  echo '#!/bin/bash'
+  printf '#SBATCH %s\n' "${opts[@]}"
+}
+
+job_script() {
+  sbatch_header
+  cat <<EOF
+# Made by launch/gpu_slurm.sh.
+set -euo pipefail
+cd $(quote "$CHECKOUT")
+EOF
+  local line
+  for line in ${SETUP[@]+"${SETUP[@]}"}; do echo "$line"; done
+  for line in ${ENVS[@]+"${ENVS[@]}"}; do
+    echo "export ${line%%=*}=$(quote "${line#*=}")"
+  done
+  local main_words=("$VENV/bin/python" -m swirl_jax.main "--config=$CONFIG"
+    "--workdir=$WORKDIR" ${EXTRA[@]+"${EXTRA[@]}"})
+  cat <<EOF
+# One process per node drives all of the node's GPUs. Without this, JAX's
+# SLURM auto-detection would give each process only GPU number SLURM_LOCALID.
+export JAX_LOCAL_DEVICE_IDS=$(device_ids "$GPUS_PER_NODE")
+# With more than one task (SLURM_NTASKS > 1), swirl_jax.main calls
+# jax.distributed.initialize(), which takes the coordinator (first node),
+# process count and process id from the SLURM_* variables srun sets.
+# --kill-on-bad-exit: one failed process ends the job instead of leaving
+# the others blocked in a collective.
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 $(quote_words "${main_words[@]}")
+EOF
+}
+
+cmd_script() {
+  check_job_options
+  job_script
+}
+
+cmd_submit() {
+  check_job_options
+  local file="$WORKDIR/$JOB_FILE" script
+  script=$(job_script)
+  # Caught now rather than after the job waited in the queue.
+  [[ $DRY_RUN == 1 || -x $VENV/bin/python ]] ||
+    die "no $VENV/bin/python; run launch/gpu_slurm.sh install or pass --venv"
+  if [[ $DRY_RUN == 1 ]]; then
+    echo "$script"
+  fi
+  # SLURM opens the --output file in WORKDIR before the job runs.
+  run_cmd mkdir -p "$WORKDIR"
+  if [[ $DRY_RUN != 1 ]]; then
+    echo "$script" >"$file"
+    echo "wrote $file" >&2
+  fi
+  run_cmd sbatch "$file"
+}
+
+cmd_install() {
+  run_cmd python3 -m venv "$VENV"
+  run_cmd "$VENV/bin/pip" install -q -U pip
+  run_cmd "$VENV/bin/pip" install -q -U 'jax[cuda12]'
+  run_cmd "$VENV/bin/pip" install -q -e "$CHECKOUT"
+  if ! command -v bwrap >/dev/null 2>&1; then
+    echo "note: no bwrap here; the Python sandbox (SimpleTIR) needs the" \
+      "bubblewrap package on the compute nodes" >&2
+  fi
+}
+
+main() {
+  if (($# == 0)); then
+    usage >&2
+    exit 2
+  fi
+  case $1 in
+    -h | --help) usage; exit 0 ;;
+    script | submit | install) ;;
+    *) die "unknown command '$1' (want script, submit or install)" ;;
+  esac
+  local cmd=$1
+  shift
+  CONFIG=${CONFIG:-} WORKDIR=${WORKDIR:-} NODES=${NODES:-1}
+  GPUS_PER_NODE=${GPUS_PER_NODE:-8} PARTITION=${PARTITION:-}
+  TIME_LIMIT=${TIME_LIMIT:-} VENV=${VENV:-$HOME/venvs/swirl_jax}
+  JOB_NAME=swirl_jax
+  SBATCH_OPTS=() SETUP=() ENVS=() EXTRA=()
+  # Anything but an explicit no means a dry run: it must never run things.
+  case ${DRY_RUN:-0} in 0 | false | no | "") DRY_RUN=0 ;; *) DRY_RUN=1 ;; esac
+  parse_args "$@"
+  if ((${#EXTRA[@]})) && [[ $cmd == install ]]; then
+    die "arguments after -- are for script and submit only"
+  fi
+  VENV=$(absolute "$VENV")
+  "cmd_$cmd"
+}
+
+main "$@"
