@@ -85,3 +85,21 @@ def test_worker_pool_kills_overrunning_calls():
     assert pool.run(0) == (True, None)
     ok, msg = pool.run("not a number")
     assert not ok and "TypeError" in msg
+
+
+def test_workers_start_under_a_main_module_that_imported_jax(tmp_path):
+  # Spawned workers re-import the parent's main module first; its address
+  # space (JAX maps gigabytes) must not eat the worker's memory limit.
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  script = tmp_path / "script.py"
+  script.write_text(
+      "import jax\n"
+      "from swirl_jax.tools import calculator\n"
+      "if __name__ == '__main__':\n"
+      "  with calculator.Calculator(num_workers=1) as calc:\n"
+      "    print(calc('6*7'))\n")
+  out = subprocess.run([sys.executable, str(script)], capture_output=True,
+                       text=True, timeout=240)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().splitlines()[-1] == "6*7 -> 42"

@@ -18,10 +18,22 @@ from typing import Any, Callable
 _START_TIMEOUT_S = 60.0
 
 
+def _address_space_bytes() -> int:
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[0]) * resource.getpagesize()
+  except (OSError, ValueError, IndexError):  # Not Linux: no baseline.
+    return 0
+
+
 def _serve(conn, fn, memory_bytes, initializer):
   """Worker main loop: receive an argument, send (ok, result or error)."""
   if memory_bytes:
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    # On top of what the process maps already: a spawned worker first
+    # re-imports the parent's main module, which may have mapped gigabytes
+    # of address space (JAX does) before this line runs.
+    limit = _address_space_bytes() + memory_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
   if initializer is not None:
     initializer()  # Slow imports happen here, outside any call's timeout.
   conn.send("ready")
