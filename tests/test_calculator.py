@@ -95,6 +95,7 @@ def test_workers_start_under_a_main_module_that_imported_jax(tmp_path):
   script = tmp_path / "script.py"
   script.write_text(
       "import jax\n"
+      "ZERO = jax.numpy.zeros(())  # Starts the backend at import.\n"
       "from swirl_jax.tools import calculator\n"
       "if __name__ == '__main__':\n"
       "  with calculator.Calculator(num_workers=1) as calc:\n"
