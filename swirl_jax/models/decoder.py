@@ -114,12 +114,16 @@ class Attention(nn.Module):
     q, k = apply_rope(q, pos_BT, inv), apply_rope(k, pos_BT, inv)
     q = constrain(q, ("batch", "length", "act_heads", None))
     B, T = x_BTD.shape[:2]
-    qg = q.reshape(B, T, K, N // K, H)
+    # Batch dims (b, k) leading in every operand and output: XLA's CPU
+    # matmul takes those as they are (other layouts fall back to a slow
+    # generic dot, forward and, worse, backward).
+    qg = q.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)  # bkgth
+    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # bksh
     f32 = jnp.float32
-    s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=f32)
+    s = jnp.einsum("bkgth,bksh->bkgts", qg, kt, preferred_element_type=f32)
     if kv_cache is not None:  # [B, K, S, H] each.
       ck, cv = kv_cache
-      s_old = jnp.einsum("btkgh,bksh->bkgts", qg, ck.astype(dt),
+      s_old = jnp.einsum("bkgth,bksh->bkgts", qg, ck.astype(dt),
                          preferred_element_type=f32)
       s = jnp.concatenate([s_old, s], axis=-1)
     s = s * c.attn_scale
@@ -127,13 +131,11 @@ class Attention(nn.Module):
       s = jnp.tanh(s / c.attn_logit_softcap) * c.attn_logit_softcap
     s = jnp.where(mask_BTS[:, None, None], s, MASK_VALUE)
     probs = jax.nn.softmax(s, axis=-1).astype(dt)
-    o = jnp.einsum("bkgts,bskh->btkgh", probs[..., -T:], v)
+    o = jnp.einsum("bkgts,bksh->bkgth", probs[..., -T:], vt)
     if kv_cache is not None:
-      # Batch dims leading in the output too: XLA's CPU matmul takes it as
-      # is (a [.., t, k, ..] output falls back to a slow generic dot).
-      o_old = jnp.einsum("bkgts,bksh->bkgth", probs[..., :-T], cv.astype(dt))
-      o = o + o_old.transpose(0, 3, 1, 2, 4)
-    o = o.reshape(B, T, N, H)
+      o = o + jnp.einsum("bkgts,bksh->bkgth", probs[..., :-T],
+                         cv.astype(dt))
+    o = o.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
     out = jnp.einsum("btnh,nhd->btd", o, p("o", ("heads", "head_dim", "embed"),
                                             (N, H, D)))
     return out, (k, v)
