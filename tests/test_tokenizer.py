@@ -306,3 +306,25 @@ def test_no_chat_template(tmp_path):
                                        chat_template=False))
   with pytest.raises(TokenizerError, match="tokenizer.chat_template"):
     tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_train_like_keeps_specials_and_template(smol, tmp_path):
+  from swirl_jax.tasks import synthetic  # pylint: disable=g-import-not-at-top
+  texts = [synthetic.reference_trajectory(t)
+           for t in synthetic.arithmetic_tasks(200, seed=3)]
+  new = smol.train_like(texts, 400)
+  assert new.vocab_size <= 400 < smol.vocab_size
+  for name in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+    assert new.piece_to_id(name) == smol.piece_to_id(name)
+  assert (new.bos_id, new.eos_ids, new.pad_id) == (
+      smol.bos_id, smol.eos_ids, smol.pad_id)
+  msgs = [{"role": "user", "content": "How many? 12*7"}]
+  assert new.apply_chat_template(msgs) == smol.apply_chat_template(msgs)
+  # Byte-level: text outside the training domain still round-trips.
+  for s in ("Ünïcode ✓ 98765", texts[0], "<math_exp>3*4</math_exp>"):
+    assert new.decode(new.encode(s)) == s
+  assert max(new.encode(texts[1])) < new.vocab_size
+  new.save_hf_dir(tmp_path)
+  back = Tokenizer.from_hf_dir(tmp_path)
+  assert back.encode(texts[2]) == new.encode(texts[2])
+  assert back.eos_ids == new.eos_ids

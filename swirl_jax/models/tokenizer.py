@@ -613,6 +613,40 @@ class Tokenizer:
              "pad_token": self._pad_id, "unk_token": self._unk_id}
     return {k: self._token(i) for k, i in names.items() if i is not None}
 
+  def train_like(self, texts: Iterable[str], vocab_size: int) -> "Tokenizer":
+    """A new byte-level BPE vocabulary learnt from `texts`, shaped like this.
+
+    The new tokenizer keeps this one's special tokens (in id order, so
+    they keep their ids when they are the first ids, as in SmolLM2), its
+    normaliser, pre-tokeniser, decoder and chat template; only the merges
+    are new. For small models on a narrow domain (a CPU demo), where a
+    49k-entry output layer would cost more than the rest of the model.
+    """
+    if not self._bytelevel:
+      raise TokenizerError(f"{self._source or 'tokenizer'}: train_like needs "
+                           "a byte-level BPE tokenizer")
+    added = sorted(self._backend.get_added_tokens_decoder().items())
+    specials = [AddedToken(t.content, special=True, normalized=False)
+                for _, t in added]
+    backend = tokenizers.Tokenizer(models.BPE())
+    base = self._backend
+    if base.normalizer is not None:
+      backend.normalizer = base.normalizer
+    backend.pre_tokenizer = base.pre_tokenizer
+    backend.decoder = base.decoder
+    from tokenizers import trainers  # pylint: disable=g-import-not-at-top
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(texts, trainer)
+    ids = {t.content: backend.token_to_id(t.content) for _, t in added}
+    new = lambda i: None if i is None else ids[self._backend.id_to_token(i)]
+    return Tokenizer(backend, bos_id=new(self._bos_id),
+                     eos_ids=[new(i) for i in self._eos_ids],
+                     pad_id=new(self._pad_id), unk_id=new(self._unk_id),
+                     chat_template=self._chat_template,
+                     add_bos=self._add_bos, source=f"{self._source} (retrained)")
+
   # -- encoding --
 
   def _pick(self, backend, allow_special: bool):
