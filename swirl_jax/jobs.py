@@ -9,6 +9,7 @@ from typing import Callable
 JOBS: dict[str, str] = {
     "chat": "swirl_jax.chat:run",
     "swirl_pipeline": "swirl_jax.swirl.jobs:run_pipeline",
+    "swirl_warmstart": "swirl_jax.swirl.jobs:run_warmstart_job",
     "swirl_stage1": "swirl_jax.swirl.jobs:run_stage1_job",
     "swirl_filter": "swirl_jax.swirl.jobs:run_filter_job",
     "swirl_rl": "swirl_jax.swirl.jobs:run_rl_job",

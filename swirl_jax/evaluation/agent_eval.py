@@ -61,6 +61,12 @@ def table(results: dict[str, dict[str, float]],
   return "\n".join(lines)
 
 
+def read(path: str) -> dict:
+  """The results a `write` left in `path`; {} when none."""
+  f = pathlib.Path(path) / "results.json"
+  return json.loads(f.read_text()) if f.exists() else {}
+
+
 def write(path: str, results: dict, trajs: dict[str, list] | None = None):
   p = pathlib.Path(path)
   p.mkdir(parents=True, exist_ok=True)

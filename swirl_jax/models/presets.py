@@ -23,6 +23,12 @@ PRESETS = {
     "tiny": lambda: ModelConfig(
         family="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16),
+    # CPU demos: trained from scratch on a narrow domain, usually with a
+    # small vocabulary learnt for it (`Tokenizer.train_like`).
+    "mini": lambda: ModelConfig(
+        family="llama", vocab_size=256, hidden_size=128,
+        intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=32, tie_embeddings=True),
     "smollm2_135m": lambda: ModelConfig(
         family="llama", vocab_size=49152, hidden_size=576,
         intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,

@@ -613,7 +613,8 @@ class Tokenizer:
              "pad_token": self._pad_id, "unk_token": self._unk_id}
     return {k: self._token(i) for k, i in names.items() if i is not None}
 
-  def train_like(self, texts: Iterable[str], vocab_size: int) -> "Tokenizer":
+  def train_like(self, texts: Iterable[str], vocab_size: int, *,
+                 split_digits: bool = True) -> "Tokenizer":
     """A new byte-level BPE vocabulary learnt from `texts`, shaped like this.
 
     The new tokenizer keeps this one's special tokens (in id order, so
@@ -621,6 +622,8 @@ class Tokenizer:
     normaliser, pre-tokeniser, decoder and chat template; only the merges
     are new. For small models on a narrow domain (a CPU demo), where a
     49k-entry output layer would cost more than the rest of the model.
+    `split_digits=False` drops a one-digit-per-token rule, so frequent
+    numbers become single tokens (easier to copy for a small model).
     """
     if not self._bytelevel:
       raise TokenizerError(f"{self._source or 'tokenizer'}: train_like needs "
@@ -633,6 +636,8 @@ class Tokenizer:
     if base.normalizer is not None:
       backend.normalizer = base.normalizer
     backend.pre_tokenizer = base.pre_tokenizer
+    if not split_digits:
+      backend.pre_tokenizer = _without_digit_split(base.pre_tokenizer)
     backend.decoder = base.decoder
     from tokenizers import trainers  # pylint: disable=g-import-not-at-top
     trainer = trainers.BpeTrainer(
@@ -857,6 +862,22 @@ def _hf_chat_template(d: pathlib.Path, config: Mapping[str, Any]):
     named = {t.get("name"): t.get("template") for t in template}
     template = named.get("default")
   return template
+
+
+def _without_digit_split(pre):
+  """`pre` with any `Digits` step removed (a Sequence or a single step)."""
+  steps = json.loads(pre.__getstate__())
+  if steps.get("type") == "Digits":
+    return None
+  if steps.get("type") == "Sequence":
+    steps["pretokenizers"] = [p for p in steps["pretokenizers"]
+                              if p.get("type") != "Digits"]
+    if len(steps["pretokenizers"]) == 1:
+      steps = steps["pretokenizers"][0]
+  backend = tokenizers.Tokenizer(models.BPE())
+  state = json.loads(backend.to_str())
+  state["pre_tokenizer"] = steps
+  return tokenizers.Tokenizer.from_str(json.dumps(state)).pre_tokenizer
 
 
 def _has_bytelevel(backend: tokenizers.Tokenizer) -> bool:

@@ -1,10 +1,13 @@
 """SWiRL as jobs of `swirl_jax.main`, over one workdir:
 
+  warmstart <workdir>/warmstart/hf             optional (CPU demos): the
+                                               base policy, taught the format
   stage1  <workdir>/stage1/shard_*.jsonl      trajectories (live tools)
   filter  <workdir>/filter/units.jsonl         judged step units (+ report)
   rl      <workdir>/<rl_name>/                 stage 2 (checkpoints, hf/)
   sft     <workdir>/sft/                       the SFT baseline
   eval    <workdir>/eval/results.{json,md}     base vs trained policies
+  report  <workdir>/report.md, *.png           summary and plots
 
 `swirl_pipeline` runs `config.stages` in order; each stage also runs alone
 (job `swirl_<stage>`) and reads what the earlier ones wrote.
@@ -23,18 +26,24 @@ from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import StepUnit, read_jsonl, write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.swirl import decompose, filters, judges, stage1, stage2
+from swirl_jax.swirl import report, warmstart
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
 from swirl_jax.training import trainer as trainer_lib
 
-STAGES = ("stage1", "filter", "rl", "sft", "eval")
+STAGES = ("warmstart", "stage1", "filter", "rl", "sft", "eval", "report")
 
 
 def _tasks(c, which: str):
+  """Train or eval tasks; train never holds an evaluation question."""
   d = c.data
-  return datasets.load_tasks(d[which], d.get(f"{which}_split") or None,
-                             d.get("data_dir") or None,
-                             d.get(f"{which}_limit") or None)
+  tasks = datasets.load_tasks(d[which], d.get(f"{which}_split") or None,
+                              d.get("data_dir") or None,
+                              d.get(f"{which}_limit") or None)
+  if which == "train":
+    held_out = {t.question for t in _tasks(c, "eval")}
+    tasks = [t for t in tasks if t.question not in held_out]
+  return tasks
 
 
 def _judge(jc, tasks, policy):
@@ -52,10 +61,27 @@ def _rollout_loop(c, policy, tools, rc) -> loop_lib.RolloutLoop:
                               loop_lib.RolloutConfig.from_config(rc))
 
 
+def _base(c, workdir):
+  """The policy SWiRL starts from: `c.model`, or the warm-started one."""
+  return warmstart.model_config(c, workdir)
+
+
+def run_warmstart(c, workdir):
+  if not c.get("warmstart") or not c.warmstart.enabled:
+    raise ValueError("the warmstart stage needs config.warmstart.enabled")
+  w = c.warmstart
+  tasks = datasets.load_tasks(c.data.train, w.split,
+                              c.data.get("data_dir") or None, w.tasks)
+  tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
+                               cache_dir=str(pathlib.Path(workdir) /
+                                             "search_index"))
+  return warmstart.run(c, workdir, tasks, _tasks(c, "eval"), tools)
+
+
 def run_stage1(c, workdir):
   work = pathlib.Path(workdir)
   tasks = _tasks(c, "train")
-  policy = loading.load_policy(c.model, seed=c.seed)
+  policy = loading.load_policy(_base(c, workdir), seed=c.seed)
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
                                cache_dir=str(work / "search_index"))
   s = c.stage1
@@ -93,7 +119,7 @@ def run_filter(c, workdir):
   if cached and key(cached) == key(units):  # Judging is the costly part.
     units = cached
   else:  # New or changed stage 1 output: judge again.
-    policy = (loading.load_policy(c.model, seed=c.seed)
+    policy = (loading.load_policy(_base(c, workdir), seed=c.seed)
               if c.judge.kind == "model" else None)
     judge = _judge(c.judge, _tasks(c, "train"), policy)
     units = judges.label_units(judge, units)
@@ -108,6 +134,7 @@ def run_filter(c, workdir):
     path = out / f"units_{strategy}.jsonl"
     path.unlink(missing_ok=True)
     write_jsonl(str(path), kept)
+    path.touch()  # Even when empty: stage 2 then says "kept no step".
   reports["easy_tasks_dropped"] = len(easy)
   (out / "report.json").write_text(json.dumps(reports, indent=2))
   logging.info("filter report: %s", json.dumps(reports))
@@ -133,7 +160,8 @@ def run_rl(c, workdir):
 def _rl(c, workdir):
   work = pathlib.Path(workdir) / c.rl_name
   units = _units(c, workdir)
-  cfg, params, tok = policy = loading.load_policy(c.model, seed=c.seed)
+  cfg, params, tok = policy = loading.load_policy(_base(c, workdir),
+                                                 seed=c.seed)
   s = stage2.Stage2Config.from_config(c.stage2)
   reward = _judge(c.reward, _tasks(c, "train"), policy)
   tc = c.rl_train
@@ -143,7 +171,7 @@ def _rl(c, workdir):
   ref_fn = ref_params = None
   if tc.loss.kl_coef > 0:  # The frozen initial policy, for the KL term.
     from swirl_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
-    ref_params = loading.load_policy(c.model, seed=c.seed)[1]
+    ref_params = loading.load_policy(_base(c, workdir), seed=c.seed)[1]
     ref_fn = step_lib.make_logprob_fn(cfg, trainer.mesh,
                                       trainer.shardings.params)
   ok = False
@@ -173,7 +201,7 @@ def run_sft(c, workdir):
   with registry.forbidden("the SFT baseline trains on saved steps"):
     work = pathlib.Path(workdir) / "sft"
     units = _units(c, workdir)
-    cfg, params, tok = loading.load_policy(c.model, seed=c.seed)
+    cfg, params, tok = loading.load_policy(_base(c, workdir), seed=c.seed)
     tc = ml_collections.ConfigDict(c.sft_train.to_dict())
     tc.export_hf = True  # Evaluation loads the policy from <workdir>/sft/hf.
     mb = tc.mini_batch_size or 1
@@ -191,11 +219,11 @@ def run_sft(c, workdir):
 
 def _policy_cfg(c, name: str, workdir) -> ml_collections.ConfigDict:
   if name == "base":
-    return c.model
+    return _base(c, workdir)
   hf = pathlib.Path(workdir) / name / "hf"
   if not (hf / "config.json").exists():
     raise FileNotFoundError(f"{hf}: no exported policy; run the {name} stage")
-  m = ml_collections.ConfigDict(c.model.to_dict())
+  m = ml_collections.ConfigDict(_base(c, workdir).to_dict())
   m.checkpoint, m.tokenizer = str(hf), str(hf)
   return m
 
@@ -216,7 +244,7 @@ def run_eval(c, workdir):
       continue
     policy = loading.load_policy(_policy_cfg(c, name, workdir), seed=c.seed)
     if judge is None:  # Process correctness by one fixed judge.
-      base = loading.load_policy(c.model, seed=c.seed) \
+      base = loading.load_policy(_base(c, workdir), seed=c.seed) \
           if c.judge.kind == "model" else None
       judge = _judge(c.judge, tasks, base)
     loop = _rollout_loop(c, policy, tools, dict(
@@ -228,17 +256,32 @@ def run_eval(c, workdir):
     loop_lib.score(trajs[name], tasks)
     results[name] = agent_eval.summarize(trajs[name], tasks, judge)
     logging.info("eval %s: %s", name, results[name])
-  agent_eval.write(str(work / "eval"), results, trajs)
-  print(agent_eval.table(results))
+  # Runs sharing a workdir (the filter ablations) add their policies.
+  merged = {**agent_eval.read(str(work / "eval")), **results}
+  agent_eval.write(str(work / "eval"), merged, trajs)
+  print(agent_eval.table(merged))
   return results
 
 
-_RUN = {"stage1": run_stage1, "filter": run_filter, "rl": run_rl,
-        "sft": run_sft, "eval": run_eval}
+def run_report(c, workdir):
+  text = report.write(workdir, c.rl_name)
+  print(text)
+  return text
+
+
+_RUN = {"warmstart": run_warmstart, "stage1": run_stage1, "filter": run_filter, "rl": run_rl,
+        "sft": run_sft, "eval": run_eval, "report": run_report}
+
+
+def _stage_list(stages) -> list[str]:
+  """('a', 'b'), or 'a,b' from a command-line override."""
+  if isinstance(stages, str):
+    stages = (stages,)
+  return [s.strip() for part in stages for s in part.split(",") if s.strip()]
 
 
 def run_pipeline(config, workdir):
-  for stage in config.stages:
+  for stage in _stage_list(config.stages):
     if stage not in _RUN:
       raise ValueError(f"unknown SWiRL stage {stage!r}; valid: {STAGES}")
     logging.info("SWiRL stage %s", stage)
@@ -249,6 +292,7 @@ def stage_job(stage: str):
   return lambda config, workdir: _RUN[stage](config, workdir)
 
 
+run_warmstart_job = stage_job("warmstart")
 run_stage1_job = stage_job("stage1")
 run_filter_job = stage_job("filter")
 run_rl_job = stage_job("rl")

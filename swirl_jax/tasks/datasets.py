@@ -200,11 +200,11 @@ DATASETS = {
     "synthetic_arith": DatasetSpec(
         lambda split, _, limit: synthetic.arithmetic_tasks(
             limit or 100, seed=synthetic.SPLIT_SEEDS[split], split=split),
-        ("train", "test")),
+        tuple(synthetic.SPLIT_SEEDS)),
     "synthetic_multihop": DatasetSpec(
         lambda split, _, limit: synthetic.multihop_tasks(
             limit or 100, seed=synthetic.SPLIT_SEEDS[split], split=split),
-        ("train", "test")),
+        tuple(synthetic.SPLIT_SEEDS)),
 }
 
 

@@ -27,7 +27,8 @@ import random
 from swirl_jax.tasks import records
 
 Task = records.Task
-SPLIT_SEEDS = {"train": 0, "test": 1}
+# "demo": demonstrations for warm starts (swirl/warmstart.py).
+SPLIT_SEEDS = {"train": 0, "test": 1, "demo": 2}
 
 # --------------------------------------------------------------- arithmetic.
 
@@ -304,7 +305,13 @@ _NEEDS = {"made by": "which company makes the {}",
           "in country": "which country {} is in"}
 
 
-def reference_turns(task: Task, observe=None) -> list[dict]:
+def _spaced(expression: str) -> str:
+  return " ".join(expression.replace("*", " * ").replace("/", " / ")
+                  .replace("+", " + ").replace("-", " - ").split())
+
+
+def reference_turns(task: Task, observe=None, spaced: bool = False
+                    ) -> list[dict]:
   """The gold trajectory of a synthetic task in the SWiRL format.
 
   Returns one dict per model turn: `action` (reasoning and one tag) and
@@ -312,13 +319,18 @@ def reference_turns(task: Task, observe=None) -> list[dict]:
   observations are what the calculator returns for the step, or the gold
   paragraph alone in the search tool's format; pass
   `observe(tool, argument) -> str` to use live tools instead.
+  `spaced` writes `<math_exp> 6 * 7 </math_exp>` and `<answer> 42 </answer>`:
+  every number then follows a space, as in the question, so a tokenizer
+  without a digit split gives it the same token everywhere.
   """
+  pad = " " if spaced else ""
   graph = task.metadata["solution_graph"]
   turns = []
   if task.source == "synthetic_arith":
     for s in graph:
+      expr = _spaced(s["expression"]) if spaced else s["expression"]
       action = (f"Next I need the {s['description']}.\n"
-                f"<math_exp>{s['expression']}</math_exp>")
+                f"<math_exp>{pad}{expr}{pad}</math_exp>")
       obs = (observe("calculator", s["expression"]) if observe else
              f"{s['expression']} -> {s['value']}")
       turns.append({"action": action, "observation": obs})
@@ -334,7 +346,7 @@ def reference_turns(task: Task, observe=None) -> list[dict]:
     final = f"So the answer is {task.answer}."
   else:
     raise ValueError(f"no reference trajectory for source {task.source!r}")
-  turns.append({"action": f"{final}\n<answer>{task.answer}</answer>",
+  turns.append({"action": f"{final}\n<answer>{pad}{task.answer}{pad}</answer>",
                 "observation": None})
   return turns
 

@@ -12,6 +12,7 @@ import concurrent.futures
 import multiprocessing
 import queue
 import resource
+import signal
 import threading
 from typing import Any, Callable
 
@@ -28,6 +29,9 @@ def _address_space_bytes() -> int:
 
 def _serve(conn, fn, memory_bytes, initializer):
   """Worker main loop: receive an argument, send (ok, result or error)."""
+  # Ctrl-C (or a notebook interrupt) reaches the whole process group; the
+  # owner stops its workers itself.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   if memory_bytes:
     # On top of what the process maps already: a spawned worker first
     # re-imports the parent's main module, which may have mapped gigabytes

@@ -70,7 +70,7 @@ class Checkpointer:
     step = int(jax.device_get(state.step))
     if step == self._last:
       return False
-    last = -1 if self._last is None else self._last
+    last = 0 if self._last is None else self._last  # First: at `every`.
     if not force and step // self.every == last // self.every:
       return False
     meta = dict(step=step, data_pos=int(jax.device_get(state.data_pos)),

@@ -1,0 +1,143 @@
+"""Warm start for CPU-size runs: a small policy taught the SWiRL format.
+
+SWiRL starts from a model that already uses tools, if badly. A model small
+enough to train on a CPU has to learn the format first. Synthetic tasks come
+with gold trajectories (`synthetic.reference_turns`), so this stage
+
+  1. learns a small BPE vocabulary on them (`vocab_size`; 0 keeps the
+     tokenizer), since a 49k-entry output layer would dominate the cost;
+  2. records the demonstrations through the rollout loop with live tools,
+     so their tokens are exactly what the loop will produce later;
+  3. trains a randomly initialised `model.preset` on them with the SFT
+     loss, for a short, fixed number of steps (an imperfect policy, which
+     is what SWiRL then improves), and exports it to <workdir>/warmstart/hf.
+
+Demonstrations come from their own split and never include an evaluation
+question. A rerun resumes training, or returns at once when the export
+exists.
+"""
+
+import itertools
+import pathlib
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from swirl_jax.models import decoder, loading, presets
+from swirl_jax.models.tokenizer import Tokenizer
+from swirl_jax.rollout import batching, prompts
+from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout.records import Trajectory
+from swirl_jax.rollout.scripted import ScriptedSampler
+from swirl_jax.tasks import synthetic
+from swirl_jax.training import trainer as trainer_lib
+
+
+def default_config() -> ml_collections.ConfigDict:
+  t = trainer_lib.default_config()
+  t.loss.kind = "sft"
+  t.optim.update(lr=3e-3, warmup_steps=20, schedule="cosine",
+                 end_lr_ratio=0.1, weight_decay=0.0)
+  t.num_steps = 200
+  t.checkpoint_every = 100
+  t.export_hf = True
+  return ml_collections.ConfigDict(dict(
+      enabled=False, split="demo", tasks=1024, vocab_size=1024,
+      batch_size=16,
+      # 'actions': the model's turns only (SFT); 'all': every token, tool
+      # results and question included, which teaches a model from scratch
+      # to copy (numbers into expressions, results into answers) sooner.
+      loss_on="actions",
+      # The tokenizer keeps each number whole (no one-digit-per-token rule)
+      # and demonstrations space numbers as the questions do, so copying a
+      # number is copying one token.
+      whole_numbers=False, train=t))
+
+
+def hf_dir(workdir) -> pathlib.Path:
+  return pathlib.Path(workdir) / "warmstart" / "hf"
+
+
+def model_config(c, workdir) -> ml_collections.ConfigDict:
+  """`c.model`, or the warm-started policy when the config has one."""
+  if not c.get("warmstart") or not c.warmstart.enabled:
+    return c.model
+  m = ml_collections.ConfigDict(c.model.to_dict())
+  m.checkpoint = m.tokenizer = str(hf_dir(workdir))
+  return m
+
+
+def conversation_text(tok: Tokenizer, task, spaced: bool = False) -> str:
+  """A task's gold trajectory rendered by the chat template."""
+  msgs = prompts.messages(task, "swirl")
+  for turn in synthetic.reference_turns(task, spaced=spaced):
+    msgs.append({"role": "assistant", "content": turn["action"]})
+    if turn["observation"] is not None:
+      msgs.append({"role": "user", "content": turn["observation"]})
+  return tok.apply_chat_template(msgs)
+
+
+def record(tok: Tokenizer, tasks, tools, spaced: bool = False
+           ) -> list[Trajectory]:
+  """The gold trajectories, replayed through the loop with live tools."""
+  refs = [synthetic.reference_turns(t, spaced=spaced) for t in tasks]
+  max_turns = max((len(r) for r in refs), default=1)
+  script = lambda row, turn: (refs[row][turn]["action"]
+                              if turn < len(refs[row]) else "")
+  loop = loop_lib.RolloutLoop(ScriptedSampler(tok, script), tok, tools,
+                              loop_lib.RolloutConfig(fmt="swirl",
+                                                     max_turns=max_turns))
+  trajs = loop.run(tasks)
+  loop_lib.score(trajs, tasks)
+  return trajs
+
+
+def _tokenizer(base: Tokenizer, tasks, w, path: pathlib.Path):
+  if not w.vocab_size:
+    return base
+  if (path / "tokenizer.json").exists():  # A resumed run keeps its ids.
+    return Tokenizer.from_hf_dir(path)
+  tok = base.train_like(
+      (conversation_text(base, t, w.whole_numbers) for t in tasks),
+      w.vocab_size, split_digits=not w.whole_numbers)
+  tok.save_hf_dir(path)
+  return tok
+
+
+def run(c, workdir, tasks, held_out, tools) -> str:
+  """Trains the warm-start policy; returns its Hugging Face directory."""
+  w, out = c.warmstart, hf_dir(workdir)
+  if (out / "config.json").exists():
+    return str(out)
+  questions = {t.question for t in held_out}
+  tasks = [t for t in tasks if t.question not in questions]
+  base_tok = loading.load_tokenizer(c.model.get("tokenizer") or "bundled")
+  tok = _tokenizer(base_tok, tasks, w, out.parent / "tokenizer")
+  trajs = record(tok, tasks, tools, spaced=w.whole_numbers)
+  good = [t for t in trajs if t.outcome]
+  logging.info("warm start: %d demonstrations (%d correct), vocab %d",
+               len(trajs), len(good), tok.vocab_size)
+  seqs = [t.token_sequence() for t in good]
+  if w.loss_on == "all":
+    seqs = [(tok_, np.ones_like(mask), lp) for tok_, mask, lp in seqs]
+  elif w.loss_on != "actions":
+    raise ValueError(f"warmstart.loss_on {w.loss_on!r}; valid: actions, all")
+  cfg = presets.get_preset(c.model.preset, dtype=c.model.dtype,
+                           param_dtype=c.model.param_dtype)
+  cfg = cfg.replace(vocab_size=tok.vocab_size, bos_token_id=tok.bos_id,
+                    eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+  params = decoder.init_params(cfg, jax.random.key(c.seed))
+  bs = w.batch_size
+
+  def batches(pos):
+    for i in itertools.count(pos):
+      rng = np.random.default_rng([c.seed, i])
+      idx = rng.choice(len(seqs), bs, replace=len(seqs) < bs)
+      yield batching.collate([seqs[j] for j in idx], np.ones(bs),
+                             row_multiple=bs, min_rows=bs)
+
+  trainer_lib.train(w.train, str(out.parent), cfg, batches, params=params,
+                    tokenizer=tok)
+  return str(out)
