@@ -3,7 +3,8 @@ r"""The whole SWiRL pipeline, small, on a CPU: about 15 minutes on 2 cores.
   python -m swirl_jax.main --config=configs/demo.py --workdir=/tmp/swirl_demo
 
 Synthetic arithmetic word problems with the live calculator. A small
-policy ("mini", 4 layers, with a 1k-token vocabulary learnt for the task)
+policy ("mini", 4 layers, with a vocabulary learnt for the task that keeps
+numbers whole)
 is warm-started on demonstrations, then SWiRL runs as in the paper:
 stage 1 samples trajectories, the programmatic judge labels every step
 against the problem's solution graph, the process filter keeps the good
@@ -29,16 +30,19 @@ def get_config(arg=None):
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
   c.stages = ("warmstart", "stage1", "filter", "rl", "eval", "report")
   c.warmstart = warmstart.default_config()
-  c.warmstart.enabled = True
+  c.warmstart.update(enabled=True, vocab_size=2048, whole_numbers=True,
+                     loss_on="all")
+  c.warmstart.train.num_steps = 280
   c.warmstart.train.seed = a.seed
-  c.data.update(train_limit=64, eval_limit=128)
-  c.sampler.max_cache_len = 512
-  c.stage1.update(samples=4, tasks_per_batch=64, temperature=1.0,
+  c.data.update(train_limit=128, eval_limit=128)
+  c.sampler.max_cache_len = 768
+  # A weak policy samples mostly noise at temperature 1.
+  c.stage1.update(samples=4, tasks_per_batch=128, temperature=0.7,
                   max_turns=6, max_new_tokens=40, max_response_tokens=240)
   c.filter.update(strategy="process", granularity="step")
   c.stage2.update(samples_per_state=4, states_per_step=16,
-                  max_new_tokens=40, max_len=512, temperature=1.0)
-  c.rl_iterations = 40
+                  max_new_tokens=40, max_len=768, temperature=0.7)
+  c.rl_iterations = 24
   c.rl_train.optim.update(lr=1e-4, grad_clip=1.0)
   c.rl_train.mini_batch_size = 64
   c.rl_train.num_steps = c.rl_iterations

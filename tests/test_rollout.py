@@ -121,3 +121,24 @@ def test_observation_frame_reads_chat_template(tokenizer):
   before, after = prompts.observation_frame(tokenizer, "swirl")
   assert before == "<|im_end|>\n<|im_start|>user\n"
   assert after == "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_rows_out_of_context_room_end_cleanly(tokenizer, calc_tools):
+  """An observation that leaves no room to answer ends its row (meta
+  'context_full') instead of failing the whole batch in `extend`."""
+  tasks = synthetic.arithmetic_tasks(2, seed=3)
+  refs = [synthetic.reference_turns(t) for t in tasks]
+
+  class Tight(ScriptedSampler):
+    def room(self, state):
+      del state
+      return 3  # Fewer slots than any calculator observation needs.
+
+  sampler = Tight(tokenizer, lambda r, k: refs[r][k]["action"])
+  loop = loop_lib.RolloutLoop(sampler, tokenizer, calc_tools,
+                              loop_lib.RolloutConfig(fmt="swirl", max_turns=5))
+  trajs = loop.run(tasks)
+  for t in trajs:
+    assert t.meta.get("context_full") and len(t.turns) == 1
+    assert t.final_answer is None and not t.meta.get("turn_cap")
+  assert not sampler.extended  # Nothing was appended past the room.

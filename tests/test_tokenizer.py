@@ -328,3 +328,14 @@ def test_train_like_keeps_specials_and_template(smol, tmp_path):
   back = Tokenizer.from_hf_dir(tmp_path)
   assert back.encode(texts[2]) == new.encode(texts[2])
   assert back.eos_ids == new.eos_ids
+
+
+def test_train_like_whole_numbers(smol):
+  from swirl_jax.tasks import synthetic  # pylint: disable=g-import-not-at-top
+  texts = [synthetic.reference_trajectory(t) for t in
+           synthetic.arithmetic_tasks(300, seed=3)] + ["x 29 y 29"] * 50
+  split = smol.train_like(texts, 600)
+  whole = smol.train_like(texts, 600, split_digits=False)
+  assert len(split.encode(" 29")) == 3  # 'Ġ', '2', '9'
+  assert [whole.id_to_piece(i) for i in whole.encode(" 29")] == ["Ġ29"]
+  assert whole.decode(whole.encode("x 12345 y")) == "x 12345 y"

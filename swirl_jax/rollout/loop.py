@@ -136,6 +136,7 @@ class RolloutLoop:
     for turn_no in range(c.max_turns):
       state = self._sample_turn(rows, live, state, turn_no)
       obs = self._act(rows, live, turn_no)
+      self._end_rows_out_of_room(rows, live, obs, state)
       keep = [j for j, r in enumerate(live) if not rows[r].done]
       if not keep:
         break
@@ -183,6 +184,18 @@ class RolloutLoop:
       todo = again
       turn_no += 1000  # Fresh randomness for a continued turn.
     return state
+
+  def _end_rows_out_of_room(self, rows, live, obs, state) -> None:
+    """Rows whose observation leaves no room to answer in the sampler's
+    context end here (meta 'context_full'), instead of failing the batch."""
+    room_fn = getattr(self.sampler, "room", None)
+    if room_fn is None:
+      return
+    room = room_fn(state)
+    for r in live:
+      row = rows[r]
+      if not row.done and len(obs.get(row.traj.id) or ()) >= room:
+        row.traj.meta["context_full"], row.done = True, True
 
   def _act(self, rows, live, turn_no) -> dict[str, list[int]]:
     """Parses the turns, runs the calls, returns observation ids by row."""

@@ -286,6 +286,10 @@ class Sampler:
       return state.cache
     return self._run(self.programs.resize, state.cache, self._cache_size(need))
 
+  def room(self, state: SamplerState) -> int:
+    """Cache slots left to every row (they share one write index)."""
+    return self.config.max_cache_len - state.index
+
   def extend(self, state: SamplerState,
              observations: Sequence[Sequence[int] | None]) -> SamplerState:
     """Appends each row's tokens (None / [] adds none) to its context."""
