@@ -59,26 +59,8 @@ Example:
 EOF
 }
 
-die() {
-  echo "error: $*" >&2
-  exit 2
-}
-
-# One word as shell text, quoted only when it has to be.
-quote() {
-  local safe='^[A-Za-z0-9_./:=,@%+-]+$'
-  if [[ $1 =~ $safe ]]; then
-    printf '%s' "$1"
-  else
-    printf "'%s'" "${1//\'/\'\\\'\'}"
-  fi
-}
-
-quote_words() {
-  local out="" w
-  for w in "$@"; do out+="${out:+ }$(quote "$w")"; done
-  printf '%s' "$out"
-}
+# die, quote, quote_words.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # Dry-run traces go to fd 3, the real stdout (main opens it), so that one
 # made inside $(...) still reaches the user.

@@ -1,0 +1,22 @@
+# Shell helpers shared by the launch scripts (sourced, not run).
+
+die() {
+  echo "error: $*" >&2
+  exit 2
+}
+
+# One word as shell text, quoted only when it has to be.
+quote() {
+  local safe='^[A-Za-z0-9_./:=,@%+-]+$'
+  if [[ $1 =~ $safe ]]; then
+    printf '%s' "$1"
+  else
+    printf "'%s'" "${1//\'/\'\\\'\'}"
+  fi
+}
+
+quote_words() {
+  local out="" w
+  for w in "$@"; do out+="${out:+ }$(quote "$w")"; done
+  printf '%s' "$out"
+}
