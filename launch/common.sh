@@ -20,3 +20,13 @@ quote_words() {
   for w in "$@"; do out+="${out:+ }$(quote "$w")"; done
   printf '%s' "$out"
 }
+
+# require VAR OPTION: fails unless VAR (set by OPTION) is non-empty.
+require() {
+  [[ -n ${!1} ]] || die "missing $2 (or set $1)"
+}
+
+# check_env_item VALUE: an --env value must be KEY=VALUE.
+check_env_item() {
+  [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env wants KEY=VALUE, got '$1'"
+}

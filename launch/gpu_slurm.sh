@@ -43,7 +43,7 @@ Example:
 EOF
 }
 
-# die, quote, quote_words.
+# die, quote, quote_words, require, check_env_item.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 run_cmd() {
@@ -84,11 +84,7 @@ set_option() {
   case $var in
     SBATCH_ITEM) SBATCH_OPTS+=("$2") ;;
     SETUP_ITEM) SETUP+=("$2") ;;
-    ENV_ITEM)
-      [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] ||
-        die "--env wants KEY=VALUE, got '$2'"
-      ENVS+=("$2")
-      ;;
+    ENV_ITEM) check_env_item "$2"; ENVS+=("$2") ;;
     *) printf -v "$var" '%s' "$2" ;;
   esac
 }
@@ -105,10 +101,6 @@ parse_args() {
     esac
     shift
   done
-}
-
-require() {
-  [[ -n ${!1} ]] || die "missing $2 (or set $1)"
 }
 
 positive_int() {

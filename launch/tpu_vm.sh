@@ -59,7 +59,7 @@ Example:
 EOF
 }
 
-# die, quote, quote_words.
+# die, quote, quote_words, require, check_env_item.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # Dry-run traces go to fd 3, the real stdout (main opens it), so that one
@@ -122,9 +122,7 @@ set_option() {
   var=$(option_var "$1") || die "unknown option $1 (see --help)"
   [[ $3 == 1 && -n $2 && $2 != -* ]] || die "option $1 needs a value"
   if [[ $var == ENV_ITEM ]]; then
-    [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] ||
-      die "--env wants KEY=VALUE, got '$2'"
-    ENVS+=("$2")
+    check_env_item "$2"; ENVS+=("$2")
   else
     printf -v "$var" '%s' "$2"
   fi
@@ -145,10 +143,6 @@ parse_args() {
     esac
     shift
   done
-}
-
-require() {
-  [[ -n ${!1} ]] || die "missing $2 (or set $1)"
 }
 
 # gcloud compute tpus tpu-vm VERB NAME --zone=... [--project=...] ARGS...
