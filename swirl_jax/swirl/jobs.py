@@ -40,10 +40,12 @@ def _tasks(c, which: str):
   tasks = datasets.load_tasks(d[which], d.get(f"{which}_split") or None,
                               d.get("data_dir") or None,
                               d.get(f"{which}_limit") or None)
-  if which == "train":
-    held_out = {t.question for t in _tasks(c, "eval")}
-    tasks = [t for t in tasks if t.question not in held_out]
-  return tasks
+  return _without_eval_questions(c, tasks) if which == "train" else tasks
+
+
+def _without_eval_questions(c, tasks):
+  held_out = {t.question for t in _tasks(c, "eval")}
+  return [t for t in tasks if t.question not in held_out]
 
 
 def _judge(jc, tasks, policy):
@@ -75,7 +77,7 @@ def run_warmstart(c, workdir):
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
                                cache_dir=str(pathlib.Path(workdir) /
                                              "search_index"))
-  return warmstart.run(c, workdir, tasks, _tasks(c, "eval"), tools)
+  return warmstart.run(c, workdir, _without_eval_questions(c, tasks), tools)
 
 
 def run_stage1(c, workdir):

@@ -106,13 +106,12 @@ def _tokenizer(base: Tokenizer, tasks, w, path: pathlib.Path):
   return tok
 
 
-def run(c, workdir, tasks, held_out, tools) -> str:
-  """Trains the warm-start policy; returns its Hugging Face directory."""
+def run(c, workdir, tasks, tools) -> str:
+  """Trains the warm-start policy on `tasks` (no evaluation question);
+  returns its Hugging Face directory."""
   w, out = c.warmstart, hf_dir(workdir)
   if (out / "config.json").exists():
     return str(out)
-  questions = {t.question for t in held_out}
-  tasks = [t for t in tasks if t.question not in questions]
   base_tok = loading.load_tokenizer(c.model.get("tokenizer") or "bundled")
   tok = _tokenizer(base_tok, tasks, w, out.parent / "tokenizer")
   trajs = record(tok, tasks, tools, spaced=w.whole_numbers)
