@@ -635,9 +635,8 @@ class Tokenizer:
     base = self._backend
     if base.normalizer is not None:
       backend.normalizer = base.normalizer
-    backend.pre_tokenizer = base.pre_tokenizer
-    if not split_digits:
-      backend.pre_tokenizer = _without_digit_split(base.pre_tokenizer)
+    backend.pre_tokenizer = (base.pre_tokenizer if split_digits else
+                             _without_digit_split(base.pre_tokenizer))
     backend.decoder = base.decoder
     from tokenizers import trainers  # pylint: disable=g-import-not-at-top
     trainer = trainers.BpeTrainer(

@@ -301,7 +301,7 @@ class Sampler:
     T = int(lens.max())
     if T == 0:
       return state
-    room = self.config.max_cache_len - state.index
+    room = self.room(state)
     if T > room:
       raise ValueError(
           f"observations of up to {T} tokens do not fit: {state.index} of "
