@@ -15,23 +15,13 @@ import pathlib
 from matplotlib.figure import Figure  # No pyplot: no global backend.
 
 from swirl_jax.evaluation import agent_eval
-
-
-def _jsonl(path: pathlib.Path) -> list[dict]:
-  if not path.exists():
-    return []
-  out = []
-  for line in path.read_text().splitlines():
-    try:
-      out.append(json.loads(line))
-    except json.JSONDecodeError:  # A torn last line of a killed run.
-      continue
-  return out
+from swirl_jax.rollout.records import read_jsonl
 
 
 def reward_curve(work: pathlib.Path, rl_name: str = "rl"):
   """(steps, rewards) of stage 2, from its metrics.jsonl."""
-  rows = [r for r in _jsonl(work / rl_name / "metrics.jsonl")
+  path = work / rl_name / "metrics.jsonl"
+  rows = [r for r in (read_jsonl(str(path)) if path.exists() else [])
           if r.get("reward") is not None]
   return [r["step"] for r in rows], [r["reward"] for r in rows]
 
