@@ -30,9 +30,13 @@ def get_config(arg=None):
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
   c.stages = ("warmstart", "stage1", "filter", "rl", "eval", "report")
   c.warmstart = warmstart.default_config()
+  # Small batches, many steps, a high learning rate: copying numbers from
+  # the question into expressions is learnt suddenly, after a few hundred
+  # updates, and the number of updates (not tokens) is what buys it.
   c.warmstart.update(enabled=True, vocab_size=2048, whole_numbers=True,
-                     loss_on="all")
-  c.warmstart.train.num_steps = 280
+                     loss_on="all", batch_size=8)
+  c.warmstart.train.num_steps = 480
+  c.warmstart.train.optim.lr = 8e-3
   c.warmstart.train.seed = a.seed
   c.data.update(train_limit=128, eval_limit=128)
   c.sampler.max_cache_len = 768

@@ -10,7 +10,7 @@ import pytest
 from swirl_jax import config_lib
 from swirl_jax.models import loading
 from swirl_jax.rollout.records import Trajectory, Turn
-from swirl_jax.simpletir import grpo, void
+from swirl_jax.simpletir import grpo, report, void
 from swirl_jax.training import step as step_lib
 
 # METHODS.md: a void turn has neither a complete code block nor a final
@@ -150,6 +150,45 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
     assert l["reward"] == pytest.approx(0.5)
     assert np.isfinite(l["grad_norm"]) and l["grad_norm"] > 0
   assert (tmp_path / "rollouts" / "iter_000002.jsonl").exists()
+  rows = report.iterations(tmp_path)  # The run's own report reads them.
+  assert [r["iteration"] for r in rows] == list(range(c.num_iterations))
+  assert all(r["reward"] == pytest.approx(0.5) and r["updates"] >= 1
+             for r in rows)
+  assert "| 0 | 0.500 | 0.250 |" in (tmp_path / "report.md").read_text()
+
+
+def _metrics(path, lines):
+  path.mkdir()
+  (path / "metrics.jsonl").write_text(
+      "".join(json.dumps(l) + "\n" for l in lines))
+  return path
+
+
+def test_report_summarises_iterations_and_compares_runs(tmp_path):
+  roll = dict(void_rate=0.5, turns=2.0, turn_cap_rate=0.0,
+              response_len=10.0, rows_in_loss=4.0)
+  on = _metrics(tmp_path / "on", [
+      dict(step=1, iteration=0, reward=0.25, grad_norm=1.0, ratio_max=1.5,
+           **roll),
+      dict(step=2, iteration=0, reward=0.25, grad_norm=3.0, ratio_max=2.5,
+           **roll),
+      # Every group filtered: logged without an update.
+      dict(step=2, iteration=1, reward=0.0, skipped_batch=1.0, **roll)])
+  off = _metrics(tmp_path / "off", [
+      dict(step=1, iteration=0, reward=0.5, grad_norm=8.0, ratio_max=4.0,
+           **roll)])
+  rows = report.iterations(on)
+  assert [(r["updates"], r["grad_norm"], r["ratio_max"]) for r in rows] == [
+      (2, 2.0, 2.5), (0, None, None)]
+  s = report.summary(rows)
+  assert s["updates"] == 2 and s["reward_mean"] == pytest.approx(0.125)
+  assert s["grad_norm_max"] == 3.0
+  report.main(["report", f"void_on={on}", f"void_off={off}"])
+  text = (on / "compare.md").read_text()
+  assert "| void_on | void_off |" in text
+  assert "| grad_norm_mean | 2.000 | 8.000 |" in text
+  with pytest.raises(FileNotFoundError, match="not a SimpleTIR"):
+    report.iterations(tmp_path / "missing")
 
 
 def test_grpo_iteration_with_real_tiny_model(tmp_path):

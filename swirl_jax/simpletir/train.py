@@ -19,6 +19,7 @@ from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import grpo
+from swirl_jax.simpletir import report
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
 from swirl_jax.training import trainer as trainer_lib
@@ -82,3 +83,4 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   if c.train.export_hf:
     trainer.export_hf(tokenizer=tok)
   (work / "done.json").write_text(json.dumps({"iterations": c.num_iterations}))
+  logging.info("reward curve (report.md):\n%s", report.write(work))
