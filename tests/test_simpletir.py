@@ -201,3 +201,36 @@ def test_grpo_iteration_with_real_tiny_model(tmp_path):
   train.run(c, str(tmp_path))
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   assert lines and all(np.isfinite(l["loss"]) for l in lines)
+
+
+def _main(root, *args):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  cmd = [sys.executable, "-m", "swirl_jax.main", *args]
+  proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
+                        timeout=1200, check=False)
+  if proc.returncode != 0:
+    pytest.fail(f"{' '.join(cmd[1:])} failed ({proc.returncode}):\n"
+                f"{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def test_simpletir_demo_config_runs_and_reuses_its_warm_start(tmp_path):
+  """configs/simpletir_demo.py at smoke size: warm start on ```python
+  demonstrations, GRPO iterations, report; then the ablation arm reuses the
+  first run's warm-started policy instead of training its own."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  root = pathlib.Path(__file__).resolve().parents[1]
+  on, off = tmp_path / "on", tmp_path / "off"
+  _main(root, "--config=configs/simpletir_demo.py:smoke", f"--workdir={on}")
+  assert (on / "warmstart" / "hf" / "model.safetensors").exists()
+  assert [r["iteration"] for r in report.iterations(on)] == [0, 1]
+  assert (on / "report.md").exists() and (on / "reward.png").exists()
+  _main(root, "--config=configs/simpletir_demo.py:smoke,filter_void=False,"
+        f"warmstart_from={on}", f"--workdir={off}",
+        "--config.num_iterations=1")
+  assert not (off / "warmstart").exists()
+  rows = report.iterations(off)
+  assert len(rows) == 1
+  # Without the void filter, void rows stay in the loss (drop_zero_variance
+  # is off at smoke size), so every rollout is in it.
+  assert rows[0]["rows_in_loss"] == 8

@@ -1,5 +1,7 @@
 """Task loaders on the real files, the registry, and synthetic tasks."""
 
+import contextlib
+import io
 import pathlib
 
 import pytest
@@ -145,6 +147,32 @@ def test_reference_trajectories_parse():
     assert final.kind == "answer" and checkers.check(t, final.answer)
     text = synthetic.reference_trajectory(t)
     assert text.endswith(f"<answer>{t.answer}</answer>")
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_simpletir_reference_trajectories_run_and_answer(spaced):
+  """Each step's code prints the step's value; the last turn boxes the
+  answer. Divisions are integer divisions, so printed values stay whole."""
+  tasks = synthetic.arithmetic_tasks(40)
+  assert any(s["op"] == "/" for t in tasks
+             for s in t.metadata["solution_graph"])
+  for t in tasks:
+    turns = synthetic.reference_turns(t, spaced=spaced, fmt="simpletir")
+    for turn, step in zip(turns, t.metadata["solution_graph"]):
+      parsed = parsing.parse_turn(turn["action"], "simpletir")
+      assert parsed.kind == "call" and not parsed.final
+      out = io.StringIO()
+      with contextlib.redirect_stdout(out):
+        exec(parsed.argument, {})  # pylint: disable=exec-used
+      assert out.getvalue() == f"{step['value']}\n"
+      assert turn["observation"] == (
+          f"\nCode execution result: {step['value']}\n\n")
+    final = parsing.parse_turn(turns[-1]["action"], "simpletir")
+    assert final.kind == "answer" and checkers.check(t, final.answer)
+  with pytest.raises(ValueError, match="arithmetic only"):
+    synthetic.reference_turns(synthetic.multihop_tasks(1)[0], fmt="simpletir")
+  with pytest.raises(ValueError, match="unknown format"):
+    synthetic.reference_turns(tasks[0], fmt="xml")
 
 
 def test_multihop_hops_are_searchable(tmp_path):

@@ -20,6 +20,7 @@ from swirl_jax.rollout.records import write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import grpo
 from swirl_jax.simpletir import report
+from swirl_jax.swirl import warmstart
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
 from swirl_jax.training import trainer as trainer_lib
@@ -41,11 +42,17 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   sampler (tests replay scripted turns through the real sandbox)."""
   c = config
   work = pathlib.Path(workdir)
-  cfg, params, tok = loading.load_policy(c.model, seed=c.seed)
   tasks = datasets.load_tasks(c.data.train, c.data.get("train_split"),
                               c.data.get("data_dir") or None,
                               c.data.get("train_limit") or None)
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None)
+  if c.get("warmstart") and c.warmstart.enabled:  # CPU runs: a mini policy.
+    demos = datasets.load_tasks(c.data.train, c.warmstart.split,
+                                c.data.get("data_dir") or None,
+                                c.warmstart.tasks)
+    warmstart.run(c, workdir, demos, tools)
+  cfg, params, tok = loading.load_policy(warmstart.model_config(c, workdir),
+                                         seed=c.seed)
   trainer = trainer_lib.Trainer(c.train, workdir, cfg, params=params)
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))

@@ -1,6 +1,7 @@
-"""Warm start for CPU-size runs: a small policy taught the SWiRL format.
+"""Warm start for CPU-size runs: a small policy taught a tool-use format.
 
-SWiRL starts from a model that already uses tools, if badly. A model small
+SWiRL starts from a model that already uses tools, if badly (SimpleTIR's
+CPU runs use this stage too, with `fmt='simpletir'`). A model small
 enough to train on a CPU has to learn the format first. Synthetic tasks come
 with gold trajectories (`synthetic.reference_turns`), so this stage
 
@@ -53,7 +54,10 @@ def default_config() -> ml_collections.ConfigDict:
       # The tokenizer keeps each number whole (no one-digit-per-token rule)
       # and demonstrations space numbers as the questions do, so copying a
       # number is copying one token.
-      whole_numbers=False, train=t))
+      whole_numbers=False,
+      # 'swirl' (tags, the chat template's turns) or 'simpletir' (```python
+      # blocks, tool output inline in one assistant message).
+      fmt="swirl", train=t))
 
 
 def hf_dir(workdir) -> pathlib.Path:
@@ -69,25 +73,31 @@ def model_config(c, workdir) -> ml_collections.ConfigDict:
   return m
 
 
-def conversation_text(tok: Tokenizer, task, spaced: bool = False) -> str:
+def conversation_text(tok: Tokenizer, task, spaced: bool = False,
+                      fmt: str = "swirl") -> str:
   """A task's gold trajectory rendered by the chat template."""
-  msgs = prompts.messages(task, "swirl")
-  for turn in synthetic.reference_turns(task, spaced=spaced):
+  msgs = prompts.messages(task, fmt)
+  turns = synthetic.reference_turns(task, spaced=spaced, fmt=fmt)
+  if fmt == "simpletir":  # Tool output is inline, in the model's message.
+    msgs.append({"role": "assistant", "content": "".join(
+        t["action"] + (t["observation"] or "") for t in turns)})
+    return tok.apply_chat_template(msgs)
+  for turn in turns:
     msgs.append({"role": "assistant", "content": turn["action"]})
     if turn["observation"] is not None:
       msgs.append({"role": "user", "content": turn["observation"]})
   return tok.apply_chat_template(msgs)
 
 
-def record(tok: Tokenizer, tasks, tools, spaced: bool = False
-           ) -> list[Trajectory]:
+def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
+           fmt: str = "swirl") -> list[Trajectory]:
   """The gold trajectories, replayed through the loop with live tools."""
-  refs = [synthetic.reference_turns(t, spaced=spaced) for t in tasks]
+  refs = [synthetic.reference_turns(t, spaced=spaced, fmt=fmt) for t in tasks]
   max_turns = max((len(r) for r in refs), default=1)
   script = lambda row, turn: (refs[row][turn]["action"]
                               if turn < len(refs[row]) else "")
   loop = loop_lib.RolloutLoop(ScriptedSampler(tok, script), tok, tools,
-                              loop_lib.RolloutConfig(fmt="swirl",
+                              loop_lib.RolloutConfig(fmt=fmt,
                                                      max_turns=max_turns))
   trajs = loop.run(tasks)
   loop_lib.score(trajs, tasks)
@@ -100,7 +110,7 @@ def _tokenizer(base: Tokenizer, tasks, w, path: pathlib.Path):
   if (path / "tokenizer.json").exists():  # A resumed run keeps its ids.
     return Tokenizer.from_hf_dir(path)
   tok = base.train_like(
-      (conversation_text(base, t, w.whole_numbers) for t in tasks),
+      (conversation_text(base, t, w.whole_numbers, w.fmt) for t in tasks),
       w.vocab_size, split_digits=not w.whole_numbers)
   tok.save_hf_dir(path)
   return tok
@@ -114,7 +124,7 @@ def run(c, workdir, tasks, tools) -> str:
     return str(out)
   base_tok = loading.load_tokenizer(c.model.get("tokenizer") or "bundled")
   tok = _tokenizer(base_tok, tasks, w, out.parent / "tokenizer")
-  trajs = record(tok, tasks, tools, spaced=w.whole_numbers)
+  trajs = record(tok, tasks, tools, spaced=w.whole_numbers, fmt=w.fmt)
   good = [t for t in trajs if t.outcome]
   logging.info("warm start: %d demonstrations (%d correct), vocab %d",
                len(trajs), len(good), tok.vocab_size)

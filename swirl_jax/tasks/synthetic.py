@@ -15,7 +15,8 @@ Two families, each fully determined by its seed:
   lists the hops: query, entity, relation, answer, gold paragraph.
 
 `reference_turns(task)` gives a gold trajectory in the SWiRL format
-(`<math_exp>` / `<search_query>` steps, then `<answer>`), with the
+(`<math_exp>` / `<search_query>` steps, then `<answer>`), or for arithmetic
+in SimpleTIR's (```python blocks, then `\\boxed{}`), with the
 observations a tool would return, for use as demonstrations.
 """
 
@@ -310,19 +311,30 @@ def _spaced(expression: str) -> str:
                   .replace("+", " + ").replace("-", " - ").split())
 
 
-def reference_turns(task: Task, observe=None, spaced: bool = False
-                    ) -> list[dict]:
-  """The gold trajectory of a synthetic task in the SWiRL format.
+def reference_turns(task: Task, observe=None, spaced: bool = False,
+                    fmt: str = "swirl") -> list[dict]:
+  """The gold trajectory of a synthetic task, in format `fmt`.
 
-  Returns one dict per model turn: `action` (reasoning and one tag) and
+  Returns one dict per model turn: `action` (reasoning and one call) and
   `observation` (what the tool returns; None after the answer). By default
-  observations are what the calculator returns for the step, or the gold
-  paragraph alone in the search tool's format; pass
-  `observe(tool, argument) -> str` to use live tools instead.
-  `spaced` writes `<math_exp> 6 * 7 </math_exp>` and `<answer> 42 </answer>`:
-  every number then follows a space, as in the question, so a tokenizer
-  without a digit split gives it the same token everywhere.
+  observations are what the tool returns for the step (the calculator, the
+  gold paragraph alone in the search tool's format, or the sandbox's
+  `Code execution result:`); pass `observe(tool, argument) -> str` to use
+  live tools instead.
+
+  `fmt='swirl'`: `<math_exp>` / `<search_query>` steps, then `<answer>`.
+  `fmt='simpletir'` (arithmetic only): each step prints its expression in
+  a ```python block (integer division, so values stay whole), then
+  `\\boxed{answer}`.
+  `spaced` writes `<math_exp> 6 * 7 </math_exp>`, `print( 6 * 7 )` and
+  `<answer> 42 </answer>`: every number then follows a space, as in the
+  question, so a tokenizer without a digit split gives it the same token
+  everywhere.
   """
+  if fmt == "simpletir":
+    return _simpletir_turns(task, observe, spaced)
+  if fmt != "swirl":
+    raise ValueError(f"unknown format {fmt!r}; valid: swirl, simpletir")
   pad = " " if spaced else ""
   graph = task.metadata["solution_graph"]
   turns = []
@@ -347,6 +359,25 @@ def reference_turns(task: Task, observe=None, spaced: bool = False
   else:
     raise ValueError(f"no reference trajectory for source {task.source!r}")
   turns.append({"action": f"{final}\n<answer>{pad}{task.answer}{pad}</answer>",
+                "observation": None})
+  return turns
+
+
+def _simpletir_turns(task: Task, observe, spaced: bool) -> list[dict]:
+  if task.source != "synthetic_arith":
+    raise ValueError(f"no SimpleTIR reference trajectory for source "
+                     f"{task.source!r} (arithmetic only)")
+  pad = " " if spaced else ""
+  graph, turns = task.metadata["solution_graph"], []
+  for s in graph:
+    expr = _spaced(s["expression"]) if spaced else s["expression"]
+    code = f"print({pad}{expr.replace('/', '//')}{pad})"
+    action = f"Next I need the {s['description']}.\n```python\n{code}\n```"
+    obs = (observe("python", code + "\n") if observe else
+           f"\nCode execution result: {s['value']}\n\n")
+    turns.append({"action": action, "observation": obs})
+  final = f"The {graph[-1]['description']} is {task.answer}."
+  turns.append({"action": f"{final}\n\\boxed{{{pad}{task.answer}{pad}}}",
                 "observation": None})
   return turns
 

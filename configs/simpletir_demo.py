@@ -1,0 +1,78 @@
+r"""SimpleTIR on a CPU: GRPO with the Python sandbox, small.
+
+  python -m swirl_jax.main --config=configs/simpletir_demo.py \
+      --workdir=/tmp/simpletir_demo
+  # The void-filter ablation, same seed and size, reusing the warm start:
+  python -m swirl_jax.main \
+      --config=configs/simpletir_demo.py:filter_void=False,warmstart_from=/tmp/simpletir_demo \
+      --workdir=/tmp/simpletir_demo_no_void
+  python -m swirl_jax.simpletir.report void_filter=/tmp/simpletir_demo \
+      no_void_filter=/tmp/simpletir_demo_no_void
+
+Synthetic arithmetic word problems. SmolLM2-135M writes no working code at
+this size (every rollout void, reward 0), so, as in configs/demo.py, a
+"mini" policy is first warm-started on demonstrations that solve each step
+in a ```python block and box the answer; then SimpleTIR's loop runs as in
+the paper: G rollouts per prompt at temperature 1 through the sandbox
+(5 turns), 1/0 rewards, void-turn filtering, GRPO advantages, group
+filters, and the clipped surrogate (0.2 / 0.28, dual clip 3, no KL).
+
+Outputs in the workdir: metrics.jsonl, report.md and reward.png (reward
+and void rate per iteration), rollouts/, checkpoints, warmstart/.
+
+Args: filter_void, warmstart_from (a workdir whose warm start to reuse),
+smoke (a 1-minute run, for tests), seed.
+"""
+
+import importlib.util
+import os
+
+from swirl_jax import config_lib
+from swirl_jax.swirl import warmstart
+
+
+def _simpletir_math():
+  path = os.path.join(os.path.dirname(__file__), "simpletir_math.py")
+  spec = importlib.util.spec_from_file_location("simpletir_math", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def get_config(arg=None):
+  a = config_lib.parse_arg(arg, filter_void=True, warmstart_from="",
+                           smoke=False, seed=0)
+  c = _simpletir_math().get_config(
+      f"model=mini,data=synthetic_arith,runlocal=True,"
+      f"filter_void={a.filter_void},seed={a.seed}")
+  c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
+  w = c.warmstart = warmstart.default_config()
+  w.update(enabled=True, fmt="simpletir", vocab_size=2048, whole_numbers=True,
+           loss_on="all", batch_size=8)
+  w.train.update(num_steps=480, seed=a.seed)
+  w.train.optim.lr = 8e-3
+  if a.warmstart_from:
+    w.enabled = False
+    c.model.checkpoint = c.model.tokenizer = str(
+        warmstart.hf_dir(a.warmstart_from))
+  c.prompts_per_step, c.grpo.group_size = 16, 8
+  c.grpo.accuracy_band = (0.1, 0.9)  # SimpleTIR's.
+  c.num_iterations = 16
+  c.rollout.update(max_turns=5, max_new_tokens=48, max_response_tokens=320)
+  c.max_seq_len = c.sampler.max_cache_len = 768
+  t = c.train
+  t.mini_batch_size = 64
+  t.optim.lr = 1e-4  # 1e-3 collapses a policy this small (configs/demo.py).
+  t.checkpoint_every = 8
+  if a.smoke:
+    w.update(tasks=32)
+    w.train.update(num_steps=4)
+    w.train.optim.warmup_steps = 0
+    c.prompts_per_step, c.grpo.group_size = 2, 4
+    c.grpo.update(accuracy_band=(0.0, 1.0), drop_zero_variance=False)
+    c.num_iterations = 2
+    c.rollout.update(max_turns=2, max_new_tokens=24)
+    t.mini_batch_size = 8
+  t.num_steps = c.num_iterations * max(
+      1, c.prompts_per_step * c.grpo.group_size // t.mini_batch_size)
+  return c
