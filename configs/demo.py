@@ -29,15 +29,7 @@ def get_config(arg=None):
                    judge="programmatic", runlocal=True, seed=a.seed)
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
   c.stages = ("warmstart", "stage1", "filter", "rl", "eval", "report")
-  c.warmstart = warmstart.default_config()
-  # Small batches, many steps, a high learning rate: copying numbers from
-  # the question into expressions is learnt suddenly, after a few hundred
-  # updates, and the number of updates (not tokens) is what buys it.
-  c.warmstart.update(enabled=True, vocab_size=2048, whole_numbers=True,
-                     loss_on="all", batch_size=8)
-  c.warmstart.train.num_steps = 480
-  c.warmstart.train.optim.lr = 8e-3
-  c.warmstart.train.seed = a.seed
+  c.warmstart = warmstart.cpu_demo_config("swirl", a.seed)
   c.data.update(train_limit=128, eval_limit=128)
   c.sampler.max_cache_len = 768
   # A weak policy samples mostly noise at temperature 1.

@@ -24,7 +24,6 @@ Args: filter_void, warmstart_from (a workdir whose warm start to reuse),
 smoke (a 1-minute run, for tests), seed.
 """
 
-import importlib.util
 import os
 
 from swirl_jax import config_lib
@@ -32,11 +31,8 @@ from swirl_jax.swirl import warmstart
 
 
 def _simpletir_math():
-  path = os.path.join(os.path.dirname(__file__), "simpletir_math.py")
-  spec = importlib.util.spec_from_file_location("simpletir_math", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return config_lib.load_config_module(
+      os.path.join(os.path.dirname(__file__), "simpletir_math.py"))
 
 
 def get_config(arg=None):
@@ -46,11 +42,7 @@ def get_config(arg=None):
       f"model=mini,data=synthetic_arith,runlocal=True,"
       f"filter_void={a.filter_void},seed={a.seed}")
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
-  w = c.warmstart = warmstart.default_config()
-  w.update(enabled=True, fmt="simpletir", vocab_size=2048, whole_numbers=True,
-           loss_on="all", batch_size=8)
-  w.train.update(num_steps=480, seed=a.seed)
-  w.train.optim.lr = 8e-3
+  w = c.warmstart = warmstart.cpu_demo_config("simpletir", a.seed)
   if a.warmstart_from:
     w.enabled = False
     c.model.checkpoint = c.model.tokenizer = str(

@@ -5,6 +5,9 @@
 typed values with `parse_arg`, which rejects unknown names.
 """
 
+import importlib.util
+import pathlib
+
 import ml_collections
 
 from swirl_jax import paths
@@ -43,6 +46,17 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
                         f"{', '.join(sorted(defaults))}")
     out[name] = _cast(name, value.strip() if "=" in part else "", defaults[name])
   return ml_collections.ConfigDict(out)
+
+
+def load_config_module(path: str):
+  """The module of a config file (ablations build on a base config)."""
+  name = pathlib.Path(path).stem
+  spec = importlib.util.spec_from_file_location(name, path)
+  if spec is None:
+    raise ConfigError(f"cannot load config file {path!r}")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
 
 
 def mesh_config(spec=(("data", -1), ("fsdp", 1), ("tensor", 1))):

@@ -7,16 +7,14 @@ r"""SimpleTIR with void-turn filtering off (the ablation of the paper).
 Same args as configs/simpletir_math.py; `filter_void` is forced off.
 """
 
-import importlib.util
 import os
+
+from swirl_jax import config_lib
 
 
 def _base():
-  path = os.path.join(os.path.dirname(__file__), "..", "simpletir_math.py")
-  spec = importlib.util.spec_from_file_location("simpletir_math", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return config_lib.load_config_module(
+      os.path.join(os.path.dirname(__file__), "..", "simpletir_math.py"))
 
 
 def get_config(arg=None):

@@ -60,6 +60,22 @@ def default_config() -> ml_collections.ConfigDict:
       fmt="swirl", train=t))
 
 
+def cpu_demo_config(fmt: str = "swirl", seed: int = 0
+                    ) -> ml_collections.ConfigDict:
+  """The warm start of the CPU demos (configs/demo.py, simpletir_demo.py).
+
+  Small batches, many steps, a high learning rate: copying numbers from
+  the question into expressions is learnt suddenly, after a few hundred
+  updates, and the number of updates (not tokens) is what buys it.
+  """
+  w = default_config()
+  w.update(enabled=True, fmt=fmt, vocab_size=2048, whole_numbers=True,
+           loss_on="all", batch_size=8)
+  w.train.update(num_steps=480, seed=seed)
+  w.train.optim.lr = 8e-3
+  return w
+
+
 def hf_dir(workdir) -> pathlib.Path:
   return pathlib.Path(workdir) / "warmstart" / "hf"
 
