@@ -86,8 +86,9 @@ def _synthetic_state(sampler, batch: int, context: int, cache_len: int):
   extend's cost depends on the cache's shape, not on what it holds."""
   cfg = sampler.cfg
   cache = decoder.init_cache(cfg, batch, cache_len)
-  k, v = (jax.random.normal(jax.random.key(i), cache["k"].shape) * 0.1
-          for i in range(2))
+  k, v = (tuple(jax.random.normal(jax.random.key(2 * i + j), x.shape) * 0.1
+                for i, x in enumerate(cache[name]))
+          for j, name in enumerate("kv"))
   cache = dict(cache, k=k, v=v,
                pos=jnp.broadcast_to(jnp.arange(cache_len), (batch, cache_len)),
                valid=jnp.broadcast_to(jnp.arange(cache_len) < context,

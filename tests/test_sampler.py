@@ -445,9 +445,9 @@ _MESH_SCRIPT = textwrap.dedent("""
     err = max(float(np.abs(np.asarray(a) - b).max())
               for a, b in zip(res.logprobs, want["logprobs"]))
     assert err < 1e-4, err
-    k = res.state.cache["k"]
-    assert k.sharding.spec[1] == "data", k.sharding.spec
-    assert k.addressable_shards[0].data.shape[1] == k.shape[1] // 4
+    k = res.state.cache["k"][0]
+    assert k.sharding.spec[0] == "data", k.sharding.spec
+    assert k.addressable_shards[0].data.shape[0] == k.shape[0] // 4
     state = s.extend(res.state, [[1, 2], [3], [], [4, 5, 6]])
     more = s.generate(state=state, max_new_tokens=5)
     assert all(len(t) == 5 for t in more.tokens)

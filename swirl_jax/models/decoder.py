@@ -1,13 +1,20 @@
 """One decoder for Llama / SmolLM2, Qwen2 and Gemma 2, used functionally.
 
 Parameters are a pytree; `forward(params, cfg, tokens, ...)` gives logits and,
-when a KV cache is passed in, the updated cache. Layers are stacked and
-scanned (params carry a leading 'layers' axis), so compile time does not grow
-with depth.
+when a KV cache is passed in, the updated cache.
 
-The KV cache is a dict of arrays:
-  k, v   [L, B, K, S, H]  keys / values of every layer (slots next to each
-                          other per head: attention reads them untransposed)
+Without a cache (training, scoring) layers are stacked and scanned: params
+carry a leading 'layers' axis, so compile time does not grow with depth.
+With a cache (prefill, extend, decode) the layers run one after another over
+their own params and cache arrays (`split_layers`): each layer writes its new
+keys / values into its cache in place and then attends over it. Scanning a
+stacked cache instead slices a copy of every layer's cache (and weights) on
+every decode step.
+
+The KV cache is a dict:
+  k      L-tuple of [B, K, H, S]  each layer's keys (slots last: the scores
+                                   are a plain matmul)
+  v      L-tuple of [B, K, S, H]  each layer's values
   pos    [B, S] int32      position of each slot (for RoPE'd sliding windows)
   valid  [B, S] bool       slot holds a real token (not padding / empty)
   index  []     int32      next slot to write; all rows write the same slots
@@ -88,12 +95,17 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None):
-    """Attends to the cached keys (if any), then the new ones.
+  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None, index=None):
+    """Attends over the new tokens alone, or over this layer's cache.
 
-    The cache is only read here: returning the new keys / values alone lets
-    the caller write just their slots, in place, instead of copying every
-    layer's cache each step. mask_BTS covers cache slots, then new tokens.
+    With kv_cache = (k [B, K, H, S], v [B, K, S, H]), the new keys / values are
+    first written at slots index .. index + T and the queries then attend
+    over all S slots (mask_BTS covers them). Writing before reading lets XLA
+    update the cache in place inside a decode loop; reading the old cache
+    and writing afterwards makes it copy the cache on every step.
+
+    Returns:
+      (output [B, T, D], the updated (k, v) cache or None).
     """
     c, dt = self.cfg, _dt(self.cfg.dtype)
     D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
@@ -119,26 +131,36 @@ class Attention(nn.Module):
     # generic dot, forward and, worse, backward).
     qg = q.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)  # bkgth
     kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # bksh
-    f32 = jnp.float32
-    s = jnp.einsum("bkgth,bksh->bkgts", qg, kt, preferred_element_type=f32)
-    if kv_cache is not None:  # [B, K, S, H] each.
+    new_cache = None
+    if kv_cache is None:
+      s = jnp.einsum("bkgth,bksh->bkgts", qg, kt,
+                     preferred_element_type=jnp.float32)
+    else:
+      # Cached keys are stored [B, K, H, S]: the scores are then a plain
+      # (g, h) x (h, s) product per (b, k), several times faster on a CPU
+      # than contracting the last dim of both.
       ck, cv = kv_cache
-      s_old = jnp.einsum("bkgth,bksh->bkgts", qg, ck.astype(dt),
-                         preferred_element_type=f32)
-      s = jnp.concatenate([s_old, s], axis=-1)
+      zero = jnp.zeros((), jnp.int32)
+      ck = jax.lax.dynamic_update_slice(
+          ck, k.transpose(0, 2, 3, 1).astype(ck.dtype),
+          (zero, zero, zero, index))
+      cv = jax.lax.dynamic_update_slice(cv, vt.astype(cv.dtype),
+                                        (zero, zero, index, zero))
+      new_cache, vt = (ck, cv), cv.astype(dt)
+      s = jnp.einsum("bkgth,bkhs->bkgts", qg, ck.astype(dt),
+                     preferred_element_type=jnp.float32)
     s = s * c.attn_scale
     if c.attn_logit_softcap:
       s = jnp.tanh(s / c.attn_logit_softcap) * c.attn_logit_softcap
     s = jnp.where(mask_BTS[:, None, None], s, MASK_VALUE)
     probs = jax.nn.softmax(s, axis=-1).astype(dt)
-    o = jnp.einsum("bkgts,bksh->bkgth", probs[..., -T:], vt)
-    if kv_cache is not None:
-      o = o + jnp.einsum("bkgts,bksh->bkgth", probs[..., :-T],
-                         cv.astype(dt))
-    o = o.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
-    out = jnp.einsum("btnh,nhd->btd", o, p("o", ("heads", "head_dim", "embed"),
-                                            (N, H, D)))
-    return out, (k, v)
+    o = jnp.einsum("bkgts,bksh->bkgth", probs, vt)
+    # One (n h) x d product: with (n, h) as two contracting dims XLA may
+    # transpose the weight, a copy of it on every call.
+    o = o.transpose(0, 3, 1, 2, 4).reshape(B, T, N * H)
+    w_o = p("o", ("heads", "head_dim", "embed"), (N, H, D))
+    out = jnp.einsum("btm,md->btd", o, w_o.reshape(N * H, D))
+    return out, new_cache
 
 
 class MLP(nn.Module):
@@ -158,17 +180,18 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-  """One pre-norm block; Gemma 2 adds post-norms. Scanned over layers."""
+  """One pre-norm block; Gemma 2 adds post-norms."""
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, layer_idx, kv, pos_BT, mask_full, mask_slide):
-    """kv: this layer's slice of the cache (read only), or None."""
+  def __call__(self, x, layer_idx, pos_BT, mask_full, mask_slide, kv=None,
+               index=None):
+    """kv: this layer's (k, v) cache, written at `index`, or None."""
     c = self.cfg
     sliding = jnp.asarray(c.sliding_layers)[layer_idx]
     mask = jnp.where(sliding, mask_slide, mask_full)
-    h, (k, v) = Attention(c, name="attn")(RMSNorm(c, name="input_norm")(x),
-                                          pos_BT, mask, kv)
+    h, kv = Attention(c, name="attn")(RMSNorm(c, name="input_norm")(x),
+                                      pos_BT, mask, kv, index)
     if c.is_gemma:
       h = RMSNorm(c, name="post_attn_norm")(h)
     x = x + h
@@ -177,7 +200,7 @@ class Layer(nn.Module):
     if c.is_gemma:
       h = RMSNorm(c, name="post_ffw_norm")(h)
     x = constrain(x + h, ("batch", "length", "act_embed"))
-    return x, ((k, v) if kv is not None else None)
+    return x, kv
 
 
 _REMAT = {
@@ -185,6 +208,15 @@ _REMAT = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
+
+
+def embed_tokens(embedding, cfg: ModelConfig, tokens_BT):
+  """Input embeddings; Gemma scales them by sqrt(hidden_size)."""
+  dt = _dt(cfg.dtype)
+  x = jnp.take(embedding.astype(dt), tokens_BT, axis=0)
+  if cfg.is_gemma:
+    x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dt)
+  return constrain(x, ("batch", "length", "act_embed"))
 
 
 class Decoder(nn.Module):
@@ -202,7 +234,7 @@ class Decoder(nn.Module):
       layer = nn.remat(Layer, prevent_cse=False, policy=_REMAT[c.remat])
     self.layers = nn.scan(
         layer, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast),
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
     self.final_norm = RMSNorm(c)
@@ -211,21 +243,17 @@ class Decoder(nn.Module):
                             (c.hidden_size, c.vocab_size), _W_INIT,
                             c.param_dtype)
 
-  def __call__(self, tokens_BT, pos_BT, mask_BT, cache: Cache | None = None):
-    """Final normed hidden states [B, T, D] and the updated cache."""
-    c, dt = self.cfg, _dt(self.cfg.dtype)
-    x = jnp.take(self.embedding.astype(dt), tokens_BT, axis=0)
-    if c.is_gemma:
-      x = x * jnp.asarray(math.sqrt(c.hidden_size), dt)
-    x = constrain(x, ("batch", "length", "act_embed"))
-    mask_full, mask_slide = _masks(c, pos_BT, mask_BT, cache)
-    kv = None if cache is None else (cache["k"], cache["v"])
-    x, new_kv = self.layers(x, jnp.arange(c.num_layers), kv, pos_BT,
-                            mask_full, mask_slide)
-    x = self.final_norm(x)
-    if cache is None:
-      return x, None
-    return x, _write_cache(cache, new_kv, pos_BT, mask_BT)
+  def __call__(self, tokens_BT, pos_BT, mask_BT):
+    """Final normed hidden states [B, T, D] (no cache: see the module doc)."""
+    c = self.cfg
+    x = embed_tokens(self.embedding, c, tokens_BT)
+    k_pos, k_valid = pos_BT, mask_BT.astype(bool)
+    T = tokens_BT.shape[1]
+    causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+    mask_full, mask_slide = _masks(c, pos_BT, k_pos, k_valid, causal)
+    x, _ = self.layers(x, jnp.arange(c.num_layers), pos_BT, mask_full,
+                       mask_slide)
+    return self.final_norm(x)
 
   def unembed(self, h_BTD):
     """Logits from hidden states (float32), with Gemma 2's final soft-cap."""
@@ -234,38 +262,15 @@ class Decoder(nn.Module):
     return unembed_with(sub, self.cfg, h_BTD)
 
 
-def _masks(c: ModelConfig, pos_BT, mask_BT, cache):
-  """[B, T, S + T] visibility of the cache slots, then of the new tokens:
-  valid key, causal (every cached slot precedes the new tokens), sliding
-  window by position."""
-  T = pos_BT.shape[1]
-  k_pos, k_valid = pos_BT, mask_BT.astype(bool)
-  causal = jnp.tril(jnp.ones((T, T), bool))
-  if cache is not None:
-    S = cache["pos"].shape[1]
-    k_pos = jnp.concatenate([cache["pos"], pos_BT.astype(jnp.int32)], 1)
-    k_valid = jnp.concatenate([cache["valid"], k_valid], 1)
-    causal = jnp.concatenate([jnp.ones((T, S), bool), causal], 1)
-  full = k_valid[:, None, :] & causal[None]
+def _masks(c: ModelConfig, q_pos_BT, k_pos_BS, k_valid_BS, causal_TS):
+  """[B, T, S] visibility of keys to queries: valid key, causal (by slot
+  order), and for sliding layers within the window (by position)."""
+  full = k_valid_BS[:, None, :] & causal_TS[None]
   slide = full
   if c.sliding_window and any(c.sliding_layers):
-    dist = pos_BT[:, :, None] - k_pos[:, None, :]
+    dist = q_pos_BT[:, :, None] - k_pos_BS[:, None, :]
     slide = full & (dist < c.sliding_window)
   return full, slide
-
-
-def _write_cache(cache: Cache, new_kv, pos_BT, mask_BT) -> Cache:
-  """Writes only the new slots index .. index + T (in place when donated)."""
-  k_LBKTH, v_LBKTH = (x.transpose(0, 1, 3, 2, 4) for x in new_kv)
-  index = cache["index"]
-  put = lambda old, new, *start: jax.lax.dynamic_update_slice(
-      old, new.astype(old.dtype), start)
-  zero = jnp.zeros((), jnp.int32)
-  return dict(k=put(cache["k"], k_LBKTH, zero, zero, zero, index, zero),
-              v=put(cache["v"], v_LBKTH, zero, zero, zero, index, zero),
-              pos=put(cache["pos"], pos_BT, zero, index),
-              valid=put(cache["valid"], mask_BT.astype(bool), zero, index),
-              index=index + pos_BT.shape[1])
 
 
 # ---------------------------------------------------------------- functional
@@ -274,11 +279,51 @@ def _write_cache(cache: Cache, new_kv, pos_BT, mask_BT) -> Cache:
 def init_cache(cfg: ModelConfig, batch: int, length: int,
                dtype: str | None = None) -> Cache:
   dt = _dt(dtype or cfg.dtype)
-  shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
-  return dict(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+  K, H = cfg.num_kv_heads, cfg.head_dim
+  zeros = lambda *shape: tuple(jnp.zeros(shape, dt)
+                               for _ in range(cfg.num_layers))
+  return dict(k=zeros(batch, K, H, length), v=zeros(batch, K, length, H),
               pos=jnp.zeros((batch, length), jnp.int32),
               valid=jnp.zeros((batch, length), bool),
               index=jnp.zeros((), jnp.int32))
+
+
+def split_layers(params):
+  """Params with 'layers' as a tuple of per-layer trees (the cached path's
+  layout); params already split are returned as they are. Outside jit this
+  makes the per-layer copies once, so decode steps never slice them."""
+  layers = params["layers"]
+  if isinstance(layers, (tuple, list)):
+    return params
+  n = jax.tree.leaves(layers)[0].shape[0]
+  return dict(params, layers=tuple(jax.tree.map(lambda x, i=i: x[i], layers)
+                                   for i in range(n)))
+
+
+def _cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
+                          mask_BT, cache: Cache):
+  """Hidden states of new tokens written at slots index .. index + T."""
+  c = cfg
+  params = split_layers(params)
+  index, T = cache["index"], tokens_BT.shape[1]
+  zero = jnp.zeros((), jnp.int32)
+  put = lambda old, new: jax.lax.dynamic_update_slice(
+      old, new.astype(old.dtype), (zero, index))
+  k_pos, k_valid = put(cache["pos"], pos_BT), put(cache["valid"], mask_BT)
+  S = k_valid.shape[1]
+  causal = jnp.arange(S)[None, :] <= index + jnp.arange(T)[:, None]
+  mask_full, mask_slide = _masks(c, pos_BT, k_pos, k_valid, causal)
+  x = embed_tokens(params["embedding"], c, tokens_BT)
+  ks, vs = [], []
+  for i, layer_params in enumerate(params["layers"]):
+    x, (k, v) = Layer(c).apply(
+        {"params": layer_params}, x, i, pos_BT, mask_full, mask_slide,
+        (cache["k"][i], cache["v"][i]), index)
+    ks.append(k)
+    vs.append(v)
+  x = RMSNorm(c).apply({"params": params["final_norm"]}, x)
+  return x, dict(k=tuple(ks), v=tuple(vs), pos=k_pos, valid=k_valid,
+                 index=index + T)
 
 
 def default_positions(mask_BT: jax.Array) -> jax.Array:
@@ -292,8 +337,12 @@ def hidden_states(params, cfg: ModelConfig, tokens_BT, positions_BT=None,
     mask_BT = jnp.ones(tokens_BT.shape, bool)
   if positions_BT is None:
     positions_BT = default_positions(mask_BT)
+  mask_BT = mask_BT.astype(bool)
+  if cache is not None:
+    return _cached_hidden_states(params, cfg, tokens_BT, positions_BT,
+                                 mask_BT, cache)
   return Decoder(cfg).apply({"params": params}, tokens_BT, positions_BT,
-                            mask_BT.astype(bool), cache)
+                            mask_BT), None
 
 
 def unembed(params, cfg: ModelConfig, h):

@@ -61,8 +61,12 @@ def next_positions(cache: decoder.Cache) -> jax.Array:
 
 def constrain_cache(cache: decoder.Cache) -> decoder.Cache:
   """Rows over the batch mesh axes (a no-op outside `sharding.use_mesh`)."""
-  kv = ("layers", "batch", "act_kv_heads", "cache_length", None)
-  return dict(cache, k=constrain(cache["k"], kv), v=constrain(cache["v"], kv),
+  each = lambda xs, axes: tuple(constrain(x, axes) for x in xs)
+  return dict(cache,
+              k=each(cache["k"], ("batch", "act_kv_heads", None,
+                                  "cache_length")),
+              v=each(cache["v"], ("batch", "act_kv_heads", "cache_length",
+                                  None)),
               pos=constrain(cache["pos"], ("batch", "cache_length")),
               valid=constrain(cache["valid"], ("batch", "cache_length")))
 

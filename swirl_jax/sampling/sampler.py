@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from swirl_jax import sharding as shd
+from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import decoding, stops
 
@@ -153,13 +154,24 @@ class Sampler:
   def __init__(self, params, cfg: ModelConfig, tokenizer=None,
                config: SamplerConfig = SamplerConfig(), mesh=None,
                rules=shd.DEFAULT_RULES, token_bytes=None):
-    self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
+    self.cfg, self.tokenizer = cfg, tokenizer
+    self.params = params
     self.config, self.mesh, self.rules = config, mesh, rules
     self._token_bytes_src = token_bytes
     self._token_bytes = None
     self._stop_tables: dict[tuple[str, ...], jax.Array] = {}
     self._eos = self._eos_ids()
     self.programs = _programs(cfg, config.cache_dtype, mesh, rules)
+
+  @property
+  def params(self):
+    """The params, with the layers split for the cached path (one copy of
+    the weights, made here so that decode steps never slice them)."""
+    return self._params
+
+  @params.setter
+  def params(self, params):
+    self._params = _split_layers(params)
 
   @property
   def trace_counts(self) -> collections.Counter:
@@ -495,6 +507,7 @@ class _Programs:
 
 
 _PROGRAMS: dict[tuple, _Programs] = {}
+_split_layers = jax.jit(decoder.split_layers)
 
 
 def _programs(cfg: ModelConfig, cache_dtype, mesh, rules) -> _Programs:
@@ -518,13 +531,15 @@ def _resize(cache, length: int):
   grow = lambda x, axis: jnp.pad(x, [(0, pad if a == axis else 0)
                                      for a in range(x.ndim)])
   return decoding.constrain_cache(dict(
-      cache, k=grow(cache["k"], 3), v=grow(cache["v"], 3),
+      cache, k=tuple(grow(x, 3) for x in cache["k"]),
+      v=tuple(grow(x, 2) for x in cache["v"]),
       pos=grow(cache["pos"], 1), valid=grow(cache["valid"], 1)))
 
 
 def _take_rows(cache, logits_BV, stop_state_B, idx_B, keep_B):
   """Rows `idx_B` of everything; rows with keep_B False become empty."""
-  cache = dict(cache, k=cache["k"][:, idx_B], v=cache["v"][:, idx_B],
+  cache = dict(cache, k=tuple(x[idx_B] for x in cache["k"]),
+               v=tuple(x[idx_B] for x in cache["v"]),
                pos=cache["pos"][idx_B],
                valid=cache["valid"][idx_B] & keep_B[:, None])
   return (decoding.constrain_cache(cache), logits_BV[idx_B],
