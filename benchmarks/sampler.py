@@ -6,8 +6,10 @@ sides are timed on a whole `generate` (prefill + decode) after a warm-up
 call that compiles. The peer is `transformers` `generate` on PyTorch, on the
 same weights exported with `hf_io.export_hf_dir`, on 2 threads. Also times
 `extend` with a 64-token observation after 256 and after 2,048 tokens of
-context: earlier context is not recomputed, so the ratio stays near 1 (what
-grows is attention over the longer cache).
+context: earlier context is not recomputed (that would cost ~33x the
+projections), so what grows is attention over the longer cache alone.
+Also reports a ceiling: the tokens/s if every matmul ran at the rate this
+machine's XLA gives a matmul of its shape (`ceiling_tok_s`).
 
   python benchmarks/sampler.py [--batch=16] [--repeats=3]
       [--tunix-python=/path/to/python]
@@ -46,6 +48,33 @@ def _best(fn, repeats: int) -> float:
     fn()
     times.append(time.perf_counter() - start)
   return min(times)
+
+
+def matmul_rate(m: int, k: int = 576, n: int = 6144, repeats: int = 10):
+  """Best FLOP/s of an [m, k] x [k, n] float32 matmul (one layer's worth of
+  SmolLM2 weights), the product decoding `m` rows is made of."""
+  a = jax.random.normal(jax.random.key(0), (m, k))
+  b = jax.random.normal(jax.random.key(1), (k, n))
+  f = jax.jit(jnp.dot)
+  return 2 * m * k * n / _best(lambda: f(a, b).block_until_ready(), repeats)
+
+
+def ceiling_tok_s(cfg, batch: int, prompt_len: int, new_tokens: int) -> dict:
+  """Tokens/s if every matmul ran at the rate measured for its shape here:
+  prefill at the rate of `batch * prompt_len` rows, each decode step at
+  that of `batch` rows; 2 FLOP per weight per token (attention left out)."""
+  layers = cfg.num_layers * (
+      cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads)
+      * cfg.head_dim + cfg.num_heads * cfg.head_dim * cfg.hidden_size
+      + 3 * cfg.hidden_size * cfg.intermediate_size)
+  head = cfg.vocab_size * cfg.hidden_size  # Prefill: last positions only.
+  prefill_rate = matmul_rate(min(batch * prompt_len, 1024))
+  step_rate = matmul_rate(batch)
+  seconds = (2 * (layers * prompt_len + head) * batch / prefill_rate
+             + new_tokens * 2 * (layers + head) * batch / step_rate)
+  return dict(matmul_gflop_s_prefill_rows=round(prefill_rate / 1e9, 1),
+              matmul_gflop_s_decode_rows=round(step_rate / 1e9, 1),
+              ceiling_tok_s=round(batch * new_tokens / seconds, 1))
 
 
 def ours_runner(cfg, params, prompts, new_tokens):
@@ -219,6 +248,9 @@ def main():
             "extend_ms_256": round(ext[256], 1),
             "extend_ms_2048": round(ext[2048], 1),
             "extend_ratio": round(ext[2048] / ext[256], 2)}
+  result.update(ceiling_tok_s(cfg, args.batch, args.prompt_len,
+                              args.new_tokens))
+  result["ceiling_ratio"] = round(result["ceiling_tok_s"] / peer, 2)
   if args.tunix_python:
     tunix = bench_tunix(args.tunix_python, args.batch, args.prompt_len,
                         args.new_tokens, args.repeats)
