@@ -59,14 +59,12 @@ def matmul_rate(m: int, k: int = 576, n: int = 6144, repeats: int = 10):
   return 2 * m * k * n / _best(lambda: f(a, b).block_until_ready(), repeats)
 
 
-def ceiling_tok_s(cfg, batch: int, prompt_len: int, new_tokens: int) -> dict:
+def ceiling_tok_s(cfg, params, batch: int, prompt_len: int,
+                  new_tokens: int) -> dict:
   """Tokens/s if every matmul ran at the rate measured for its shape here:
   prefill at the rate of `batch * prompt_len` rows, each decode step at
   that of `batch` rows; 2 FLOP per weight per token (attention left out)."""
-  layers = cfg.num_layers * (
-      cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads)
-      * cfg.head_dim + cfg.num_heads * cfg.head_dim * cfg.hidden_size
-      + 3 * cfg.hidden_size * cfg.intermediate_size)
+  layers = sum(x.size for x in jax.tree.leaves(params["layers"]))
   head = cfg.vocab_size * cfg.hidden_size  # Prefill: last positions only.
   prefill_rate = matmul_rate(min(batch * prompt_len, 1024))
   step_rate = matmul_rate(batch)
@@ -248,7 +246,7 @@ def main():
             "extend_ms_256": round(ext[256], 1),
             "extend_ms_2048": round(ext[2048], 1),
             "extend_ratio": round(ext[2048] / ext[256], 2)}
-  result.update(ceiling_tok_s(cfg, args.batch, args.prompt_len,
+  result.update(ceiling_tok_s(cfg, params, args.batch, args.prompt_len,
                               args.new_tokens))
   result["ceiling_ratio"] = round(result["ceiling_tok_s"] / peer, 2)
   if args.tunix_python:
