@@ -67,6 +67,19 @@ def apply_rope(x_BTNH: jax.Array, pos_BT: jax.Array, inv_freq) -> jax.Array:
   return out.astype(x_BTNH.dtype)
 
 
+def dense(x, w, **dot_kw):
+  """`x [..., d] @ w [d, ...]` as one 2-D `[rows, d] x [d, n]` matmul.
+
+  Flattening the leading dims (and the weight's trailing ones) matters on
+  CPUs: with (b, t) as two contracting dims the backward pass transposes
+  activations into other layouts, and an MLP's fwd + bwd at 2 x 512 rows
+  runs 1.5x slower than with one row dim.
+  """
+  d = x.shape[-1]
+  y = jnp.dot(x.reshape(-1, d), w.reshape(d, -1), **dot_kw)
+  return y.reshape(*x.shape[:-1], *w.shape[1:])
+
+
 def _param(mod, name, axes, shape, init, dtype):
   return mod.param(name, nn.with_logical_partitioning(init, axes), shape,
                    _dt(dtype))
@@ -111,12 +124,9 @@ class Attention(nn.Module):
     D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     p = lambda n, ax, sh, init=_W_INIT: _param(self, n, ax, sh, init,
                                                c.param_dtype).astype(dt)
-    q = jnp.einsum("btd,dnh->btnh", x_BTD, p("q", ("embed", "heads",
-                                                    "head_dim"), (D, N, H)))
-    k = jnp.einsum("btd,dkh->btkh", x_BTD, p("k", ("embed", "kv_heads",
-                                                    "head_dim"), (D, K, H)))
-    v = jnp.einsum("btd,dkh->btkh", x_BTD, p("v", ("embed", "kv_heads",
-                                                    "head_dim"), (D, K, H)))
+    q = dense(x_BTD, p("q", ("embed", "heads", "head_dim"), (D, N, H)))
+    k = dense(x_BTD, p("k", ("embed", "kv_heads", "head_dim"), (D, K, H)))
+    v = dense(x_BTD, p("v", ("embed", "kv_heads", "head_dim"), (D, K, H)))
     if c.qkv_bias:
       zeros = nn.initializers.zeros
       q = q + p("q_bias", ("heads", "head_dim"), (N, H), zeros)
@@ -163,7 +173,7 @@ class Attention(nn.Module):
     # transpose the weight, a copy of it on every call.
     o = o.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N * H)
     w_o = p("o", ("heads", "head_dim", "embed"), (N, H, D))
-    out = jnp.einsum("btm,md->btd", o, w_o.reshape(N * H, D))
+    out = dense(o, w_o.reshape(N * H, D))
     return out, new_cache
 
 
@@ -176,11 +186,11 @@ class MLP(nn.Module):
     D, F = c.hidden_size, c.intermediate_size
     p = lambda n, ax, sh: _param(self, n, ax, sh, _W_INIT,
                                  c.param_dtype).astype(dt)
-    gate = x_BTD @ p("gate", ("embed", "mlp"), (D, F))
-    up = x_BTD @ p("up", ("embed", "mlp"), (D, F))
+    gate = dense(x_BTD, p("gate", ("embed", "mlp"), (D, F)))
+    up = dense(x_BTD, p("up", ("embed", "mlp"), (D, F)))
     act = (nn.gelu(gate, approximate=True) if c.is_gemma else nn.silu(gate))
     h = constrain(act * up, ("batch", "length", "act_mlp"))
-    return h @ p("down", ("mlp", "embed"), (F, D))
+    return dense(h, p("down", ("mlp", "embed"), (F, D)))
 
 
 class Layer(nn.Module):
@@ -364,8 +374,7 @@ def unembed_with(sub, cfg: ModelConfig, h):
   c, dt = cfg, _dt(cfg.dtype)
   w = sub["embedding"].astype(dt).T if c.tie_embeddings else \
       sub["lm_head"].astype(dt)
-  logits = jnp.einsum("...d,dv->...v", h.astype(dt), w,
-                      preferred_element_type=jnp.float32)
+  logits = dense(h.astype(dt), w, preferred_element_type=jnp.float32)
   if c.final_logit_softcap:
     logits = jnp.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
   return logits
