@@ -39,10 +39,13 @@ def _hf_logits(model, tokens, mask, positions):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
 @pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
-def test_parity_with_transformers(family, left, tmp_path):
+@pytest.mark.parametrize("query_block", [0, 6], ids=["one_block", "blocks"])
+def test_parity_with_transformers(family, left, query_block, tmp_path):
   model = hf_models.save_random_model(family, tmp_path, seed=1)
   cfg, params = hf_io.load_hf_dir(tmp_path)
   assert cfg.family == family
+  # Blocks of 5 queries (20 / ceil(20 / 6)): the last is not 6 long either.
+  cfg = cfg.replace(attn_query_block=query_block)
   rng = np.random.RandomState(0)
   # Gemma 2's window is 8: sequences of 20 cross it.
   tokens, mask, pos = _padded_batch(rng, cfg.vocab_size, [20, 13, 1], 20, left)
@@ -90,6 +93,34 @@ def test_kv_cache_matches_full_forward():
                              cache=cache)
   np.testing.assert_allclose(np.concatenate([a, b], 1), full, atol=1e-5)
   assert int(cache["index"]) == 11
+
+
+def test_query_blocks_match_one_block_with_gradients():
+  """Causal query blocks (T = 13 in blocks of 4, 4, 4, 1) give the values
+  and gradients of one block, with padding and sliding windows."""
+  cfg = presets.get_preset("tiny").replace(
+      family="gemma2", sliding_window=4,
+      layer_types=("sliding_attention", "full_attention"),
+      attn_logit_softcap=5.0, final_logit_softcap=3.0, remat="dots")
+  params = decoder.init_params(cfg, jax.random.key(0))
+  tokens, mask, pos = _padded_batch(np.random.RandomState(0), cfg.vocab_size,
+                                    [13, 9], 13, left=True)
+  w = jax.random.normal(jax.random.key(2), (2, 13, cfg.vocab_size))
+
+  def loss(p, c):
+    logits, _ = decoder.forward(p, c, jnp.asarray(tokens), jnp.asarray(pos),
+                                jnp.asarray(mask))
+    return jnp.sum(jnp.where(mask[..., None], logits * w, 0.0)), logits
+
+  (_, one), g_one = jax.value_and_grad(loss, has_aux=True)(
+      params, cfg.replace(attn_query_block=0))
+  (_, blk), g_blk = jax.value_and_grad(loss, has_aux=True)(
+      params, cfg.replace(attn_query_block=4))
+  np.testing.assert_allclose(np.asarray(blk)[mask], np.asarray(one)[mask],
+                             atol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_blk), jax.tree.leaves(g_one)):
+    # Sums in another order: compare as vectors (float32 round-off).
+    assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b) + 1e-7
 
 
 def test_round_trip_hf_export_load(tmp_path):

@@ -39,6 +39,10 @@ class ModelConfig:
   dtype: str = "float32"  # activations: bfloat16 on accelerators.
   param_dtype: str = "float32"
   remat: str = "none"  # none | full | dots: rematerialise each layer.
+  # Without a KV cache (training, scoring) attention runs over blocks of
+  # about this many queries, each over the keys up to its own last one: the
+  # causal upper half is never computed. At most 16 blocks; 0: one block.
+  attn_query_block: int = 128
 
   def __post_init__(self):
     if self.family not in FAMILIES:
