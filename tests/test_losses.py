@@ -245,3 +245,85 @@ def test_empty_rows_are_left_out(mode):
   for name, fn in none.items():
     (loss, _), grad = jax.value_and_grad(fn, has_aux=True)(logp)
     assert loss == 0 and not np.any(grad), name
+
+
+# ------------------------------------------- sampler-trainer mismatch, TIS
+
+
+def test_mismatch_metrics_hand_computed():
+  # Ratios pi_trainer / pi_sampler of 1, e^0.1, e^-1 and e^1 (masked out).
+  trainer = np.array([[0.0, 0.1, -1.0, 1.0]], np.float32)
+  sampler = np.zeros_like(trainer)
+  mask = np.array([[1, 1, 1, 0]], np.float32)
+  m = losses.mismatch_metrics(trainer, sampler, mask)
+  d = np.array([0.0, 0.1, -1.0])
+  np.testing.assert_allclose(m["mismatch_abs_mean"], np.abs(d).mean(), **TOL)
+  np.testing.assert_allclose(m["mismatch_abs_max"], 1.0, **TOL)
+  np.testing.assert_allclose(m["mismatch_kl"], (np.exp(d) - d - 1).mean(),
+                             **TOL)
+  # e^-1 = 0.37 < 0.5: one token of three leaves [0.5, 2].
+  np.testing.assert_allclose(m["mismatch_out_frac"], 1 / 3, **TOL)
+
+
+def test_mismatch_is_zero_for_equal_logprobs():
+  logp, old, _, mask, _ = _batch(seed=8)
+  m = losses.mismatch_metrics(logp, logp, mask)
+  for k, v in m.items():
+    assert float(v) == 0.0, k
+
+
+def test_tis_weights_truncate_and_mask():
+  trainer = np.log(np.array([[0.5, 1.0, 3.0, 9.0]], np.float32))
+  sampler = np.zeros_like(trainer)
+  mask = np.array([[1, 1, 1, 0]], np.float32)
+  w = losses.tis_weights(trainer, sampler, mask, cap=2.0)
+  np.testing.assert_allclose(w, [[0.5, 1.0, 2.0, 0.0]], **TOL)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clipped_surrogate_with_trainer_logprobs_and_tis(mode):
+  """The ratio's denominator is the trainer's log-prob; each token's loss
+  is weighted by min(pi_trainer / pi_sampler, C) (NumPy reference)."""
+  logp, trainer_old, _, mask, adv_B = _batch(seed=9)
+  sampler = (trainer_old + np.random.RandomState(9).normal(
+      0, 0.7, logp.shape)).astype(np.float32)
+  cap = 1.5
+  adv_BT = np.broadcast_to(adv_B[:, None], logp.shape)
+  tok, dtok = _per_token(lambda l, o, a: np_ppo_token(l, o, a, 0.2, 0.28, 3.0),
+                         logp, trainer_old, adv_BT)
+  w = np.minimum(np.exp(np.float64(trainer_old) - sampler), cap)
+  kw = dict(agg=mode, old_logp_BT=trainer_old, tis_cap=cap)
+  loss, m = losses.clipped_surrogate_loss(logp, sampler, adv_B, mask, **kw)
+  np.testing.assert_allclose(loss, np_aggregate(tok * w, mask, mode), **TOL)
+  on = mask > 0
+  np.testing.assert_allclose(m["tis_weight_mean"], w[on].mean(), **TOL)
+  np.testing.assert_allclose(m["tis_clip_frac"], (w >= cap)[on].mean(),
+                             **TOL)
+  np.testing.assert_allclose(
+      m["mismatch_abs_mean"], np.abs(trainer_old - sampler)[on].mean(),
+      **TOL)
+  if mode == "token_mean":
+    grad = _grad_logp(losses.clipped_surrogate_loss, logp, sampler, adv_B,
+                      mask, **kw)
+    np.testing.assert_allclose(grad, dtok * w * mask / mask.sum(), **TOL)
+  # Without TIS the loss is the plain surrogate against the trainer's
+  # log-probs; the mismatch is still reported.
+  plain, m = losses.clipped_surrogate_loss(logp, sampler, adv_B, mask,
+                                           agg=mode, old_logp_BT=trainer_old)
+  np.testing.assert_allclose(plain, np_aggregate(tok, mask, mode), **TOL)
+  assert "tis_weight_mean" not in m and "mismatch_kl" in m
+
+
+def test_stepwise_pg_with_tis():
+  logp, trainer_old, _, mask, rewards = _batch(seed=10)
+  sampler = (trainer_old - 0.3).astype(np.float32)
+  w = np.minimum(np.exp(np.float64(trainer_old) - sampler), 1.2)
+  loss, m = losses.stepwise_pg_loss(logp, mask, rewards,
+                                    sampler_logp_BT=sampler,
+                                    old_logp_BT=trainer_old, tis_cap=1.2)
+  want = np_aggregate(-rewards[:, None] * logp * w, mask,
+                      "seq_mean_token_sum")
+  np.testing.assert_allclose(loss, want, **TOL)
+  np.testing.assert_allclose(m["mismatch_abs_max"], 0.3, **TOL)
+  with pytest.raises(ValueError, match="tis_cap needs"):
+    losses.stepwise_pg_loss(logp, mask, rewards, tis_cap=1.2)

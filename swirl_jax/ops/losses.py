@@ -10,6 +10,8 @@ trajectory, a padding row) is left out of every average.
 Metrics are float32 scalars; averages over tokens are over loss tokens.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -91,6 +93,48 @@ def _add_kl(loss, metrics, logp_BT, ref_logp_BT, mask_BT, kl_coef, agg):
   return loss + kl_coef * kl, metrics
 
 
+def mismatch_metrics(trainer_logp_BT, sampler_logp_BT, mask_BT,
+                     band=(0.5, 2.0)):
+  """How far the sampler's log-probs are from the trainer's, per loss token.
+
+  Both score the same tokens (drawn from the sampler) under the same
+  params; they differ by numerics alone (bf16 sampling vs fp32 training,
+  other kernels). With r = pi_trainer / pi_sampler:
+    mismatch_abs_mean / _max   mean and max |log pi_sampler - log pi_trainer|
+    mismatch_kl                k3 estimate of KL(sampler || trainer),
+                               r - 1 - log r (the tokens are the sampler's)
+    mismatch_out_frac          share of tokens with r outside `band`
+  No gradient flows through them.
+  """
+  mask_BT = jnp.asarray(mask_BT)
+  on_BT = mask_BT != 0
+  d_BT = _log_ratio(jax.lax.stop_gradient(trainer_logp_BT),
+                    jax.lax.stop_gradient(sampler_logp_BT), mask_BT)
+  abs_BT = jnp.abs(d_BT)
+  lo, hi = math.log(band[0]), math.log(band[1])
+  out_BT = (d_BT < lo) | (d_BT > hi)
+  return dict(
+      mismatch_abs_mean=masked_mean(abs_BT, mask_BT),
+      mismatch_abs_max=jnp.max(jnp.where(on_BT, abs_BT, 0.0)),
+      mismatch_kl=masked_mean(jnp.expm1(d_BT) - d_BT, mask_BT),
+      mismatch_out_frac=masked_mean(out_BT.astype(jnp.float32), mask_BT))
+
+
+def tis_weights(trainer_logp_BT, sampler_logp_BT, mask_BT, cap: float):
+  """Truncated importance weights `min(pi_trainer / pi_sampler, cap)`.
+
+  Token-level "rollout correction": the tokens were drawn from the sampler,
+  whose distribution differs from the trainer's by numerics; weighting each
+  token's loss by this ratio, truncated at `cap` so one token cannot take
+  over, makes the update the trainer's own policy gradient in expectation.
+  A constant (no gradient); 0 on masked tokens.
+  """
+  d_BT = _log_ratio(jax.lax.stop_gradient(trainer_logp_BT),
+                    jax.lax.stop_gradient(sampler_logp_BT), mask_BT)
+  w_BT = jnp.minimum(jnp.exp(d_BT), cap)
+  return jnp.where(jnp.asarray(mask_BT) != 0, w_BT, 0.0)
+
+
 def _finish(loss, metrics):
   metrics = dict(metrics, loss=loss)
   return loss, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
@@ -98,7 +142,9 @@ def _finish(loss, metrics):
 
 def stepwise_pg_loss(logp_BT, loss_mask_BT, rewards_B, *, baseline_B=None,
                      ref_logp_BT=None, kl_coef: float = 0.0,
-                     agg: str = "seq_mean_token_sum", entropy_BT=None):
+                     agg: str = "seq_mean_token_sum", entropy_BT=None,
+                     sampler_logp_BT=None, old_logp_BT=None,
+                     tis_cap: float = 0.0):
   """SWiRL stage 2: REINFORCE on whole actions, one reward per step.
 
   Each row is one (state, action) unit; its loss is
@@ -106,13 +152,23 @@ def stepwise_pg_loss(logp_BT, loss_mask_BT, rewards_B, *, baseline_B=None,
   `agg` sums tokens and averages rows), plus `kl_coef` times the k3 KL to a
   frozen reference, aggregated the same way (so with the default it is the
   KL of the whole action). The baseline only reduces variance: no gradient
-  flows through rewards or baseline.
+  flows through rewards or baseline. With the sampler's and the trainer's
+  log-probs of the actions (`sampler_logp_BT`, `old_logp_BT`) it reports
+  their mismatch, and `tis_cap` > 0 weights each token by the truncated
+  ratio, as in `clipped_surrogate_loss`.
   """
   rewards_B = jax.lax.stop_gradient(jnp.asarray(rewards_B, jnp.float32))
   adv_B = rewards_B
   if baseline_B is not None:
     adv_B = adv_B - jax.lax.stop_gradient(baseline_B)
-  pg_loss = aggregate(-adv_B[:, None] * logp_BT, loss_mask_BT, agg)
+  per_token_BT = -adv_B[:, None] * logp_BT
+  extra = {}
+  if sampler_logp_BT is not None or tis_cap > 0:
+    extra = _sampler_correction(old_logp_BT, sampler_logp_BT, loss_mask_BT,
+                                tis_cap)
+  if tis_cap > 0:
+    per_token_BT = per_token_BT * extra.pop("tis_weight_BT")
+  pg_loss = aggregate(per_token_BT, loss_mask_BT, agg)
   rows_B = _row_has_tokens(loss_mask_BT)
   metrics = dict(
       _common_metrics(loss_mask_BT, entropy_BT),
@@ -121,6 +177,7 @@ def stepwise_pg_loss(logp_BT, loss_mask_BT, rewards_B, *, baseline_B=None,
       advantage_mean=masked_mean(adv_B, rows_B),
       action_logp=masked_mean(masked_sum(logp_BT, loss_mask_BT, axis=-1),
                               rows_B),
+      **extra,
   )
   loss, metrics = _add_kl(pg_loss, metrics, logp_BT, ref_logp_BT,
                           loss_mask_BT, kl_coef, agg)
@@ -132,7 +189,8 @@ def clipped_surrogate_loss(logp_BT, behaviour_logp_BT, advantages,
                            eps_high: float = 0.28,
                            dual_clip_c: float | None = 3.0,
                            agg: str = "token_mean", ref_logp_BT=None,
-                           kl_coef: float = 0.0, entropy_BT=None):
+                           kl_coef: float = 0.0, entropy_BT=None,
+                           old_logp_BT=None, tis_cap: float = 0.0):
   """PPO clipped surrogate with asymmetric clip and dual-clip (SimpleTIR).
 
   Per token, with r = exp(logp - behaviour_logp) and advantage A:
@@ -145,6 +203,11 @@ def clipped_surrogate_loss(logp_BT, behaviour_logp_BT, advantages,
     advantages: `[B]` (one per row) or `[B, T]` (one per token).
     Other args: see the module docstring; `ref_logp_BT`/`kl_coef` add the k3
       KL to a reference (off in SimpleTIR).
+    old_logp_BT: the trainer's own log-probs of the tokens under the params
+      that sampled them; when given, r = exp(logp - old_logp) (the sampler's
+      `behaviour_logp_BT` then only enters the mismatch metrics and TIS).
+    tis_cap: > 0 weights each token's loss by `tis_weights(old_logp,
+      behaviour_logp, cap)` (needs `old_logp_BT`); 0 is off.
 
   Metrics: `clip_frac_low` (A < 0 and r < 1 - eps_low), `clip_frac_high`
   (A > 0 and r > 1 + eps_high), `dual_clip_frac` (A < 0 and -c A won),
@@ -157,7 +220,9 @@ def clipped_surrogate_loss(logp_BT, behaviour_logp_BT, advantages,
                             logp_BT.shape)
   adv_BT = jnp.where(mask_BT != 0, adv_BT, 0.0)
   behaviour_BT = jax.lax.stop_gradient(behaviour_logp_BT)
-  log_ratio_BT = _log_ratio(logp_BT, behaviour_BT, mask_BT)
+  denom_BT = behaviour_BT if old_logp_BT is None else \
+      jax.lax.stop_gradient(old_logp_BT)
+  log_ratio_BT = _log_ratio(logp_BT, denom_BT, mask_BT)
   ratio_BT = jnp.exp(log_ratio_BT)
 
   unclipped_BT = -adv_BT * ratio_BT
@@ -168,6 +233,9 @@ def clipped_surrogate_loss(logp_BT, behaviour_logp_BT, advantages,
     cap_BT = -dual_clip_c * adv_BT
     dual_BT = (adv_BT < 0) & (cap_BT < per_token_BT)
     per_token_BT = jnp.where(dual_BT, cap_BT, per_token_BT)
+  extra = _sampler_correction(old_logp_BT, behaviour_BT, mask_BT, tis_cap)
+  if tis_cap > 0:
+    per_token_BT = per_token_BT * extra.pop("tis_weight_BT")
   pg_loss = aggregate(per_token_BT, mask_BT, agg)
 
   def frac(x_BT):
@@ -183,10 +251,29 @@ def clipped_surrogate_loss(logp_BT, behaviour_logp_BT, advantages,
       ratio_max=jnp.max(jnp.where(mask_BT != 0, ratio_BT, 0.0)),
       approx_kl=masked_mean(jnp.expm1(log_ratio_BT) - log_ratio_BT, mask_BT),
       advantage_mean=masked_mean(adv_BT, mask_BT),
+      **extra,
   )
   loss, metrics = _add_kl(pg_loss, metrics, logp_BT, ref_logp_BT, mask_BT,
                           kl_coef, agg)
   return _finish(loss, metrics)
+
+
+def _sampler_correction(trainer_logp_BT, sampler_logp_BT, mask_BT,
+                        tis_cap: float) -> dict:
+  """Mismatch metrics, and with `tis_cap` > 0 the TIS weights (under the
+  key 'tis_weight_BT', with their mean as a metric)."""
+  if trainer_logp_BT is None or sampler_logp_BT is None:
+    if tis_cap > 0:
+      raise ValueError("tis_cap needs the sampler's and the trainer's "
+                       "log-probs of the tokens")
+    return {}
+  out = mismatch_metrics(trainer_logp_BT, sampler_logp_BT, mask_BT)
+  if tis_cap > 0:
+    w_BT = tis_weights(trainer_logp_BT, sampler_logp_BT, mask_BT, tis_cap)
+    out.update(tis_weight_BT=w_BT, tis_weight_mean=masked_mean(w_BT, mask_BT),
+               tis_clip_frac=masked_mean(
+                   (w_BT >= tis_cap).astype(jnp.float32), mask_BT))
+  return out
 
 
 def sft_loss(logp_BT, loss_mask_BT, *, agg: str = "token_mean",
