@@ -13,6 +13,7 @@ from swirl_jax.tasks import records
 from swirl_jax.tasks import synthetic
 from swirl_jax.tools import calculator
 from swirl_jax.tools import parsing
+from swirl_jax.tools import registry
 from swirl_jax.tools import search
 
 
@@ -72,8 +73,10 @@ def test_gold_answers_parsed(data_dir):
 
 
 def test_corpora(data_dir):
-  assert len(datasets.task_corpus("hotpotqa", "train", data_dir)) == 994
-  assert len(datasets.task_corpus("musique", None, data_dir)) == 1890
+  assert len(registry.corpus("hotpotqa:train", data_dir)) == 994
+  assert len(registry.corpus("musique", data_dir)) == 1890
+  assert registry.corpus("synthetic_multihop:test") == search.as_passages(
+      synthetic.multihop_corpus(seed=1))
 
 
 def test_registry_errors(tmp_path):
