@@ -63,8 +63,14 @@ def _reason(e: BaseException) -> str:
   return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
+def _json_reason(e: json.JSONDecodeError) -> str:
+  # Some messages end in " at" ("Unterminated string starting at").
+  return f"{e.msg.removesuffix(' at')} at column {e.colno}"
+
+
 def _value(where: str, raw: bytes) -> Any:
   """The JSON value of one line; FormatError naming `where` if bad."""
+  raw = raw[:-1] if raw.endswith(b"\n") else raw  # Columns count within it.
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -73,8 +79,7 @@ def _value(where: str, raw: bytes) -> Any:
   try:
     return json.loads(text)
   except json.JSONDecodeError as e:
-    raise FormatError(f"{where}: bad JSON ({e.msg} at column {e.colno})") \
-        from e
+    raise FormatError(f"{where}: bad JSON ({_json_reason(e)})") from e
 
 
 def _parsed(where: str, value: Any, parse: Callable | None) -> Any:
@@ -137,15 +142,18 @@ def read_json(path: str | os.PathLike) -> Any:
   try:
     return json.loads(text)
   except json.JSONDecodeError as e:
-    raise FormatError(f"{path}:{e.lineno}: bad JSON ({e.msg} at column "
-                      f"{e.colno})") from e
+    raise FormatError(f"{path}:{e.lineno}: bad JSON ({_json_reason(e)})"
+                      ) from e
 
 
 def parse_items(path: str | os.PathLike, items: Sequence[Any],
-                parse: Callable[[Any], Any]) -> list:
-  """`parse` of each item of a document or table; errors `path: [i]: ...`."""
+                parse: Callable[[Any], Any],
+                indices: Sequence[int] | None = None) -> list:
+  """`parse` of each item of a document or table; errors `path: [i]: ...`
+  (i: the item's position, or `indices[position]` for a subset)."""
+  indices = range(len(items)) if indices is None else indices
   return [_parsed(f"{path}: [{i}]", item, parse)
-          for i, item in enumerate(items)]
+          for i, item in zip(indices, items)]
 
 
 # ------------------------------------------------------------------ writing.

@@ -47,7 +47,7 @@ def _path(data_dir, rel, what, source):
   return paths.data_file(data_dir, rel, what, _FETCH[source])
 
 
-def _literal(x):
+def literal(x):
   """A Python-literal string (a list, dict, bool...) parsed; else as is."""
   if isinstance(x, str) and x[:1] in ("[", "{", "("):
     return ast.literal_eval(x)
@@ -56,26 +56,38 @@ def _literal(x):
   return x
 
 
-def _rows(path: pathlib.Path, parse: Callable) -> list:
-  """`parse` of each row of a JSONL file or JSON list (errors name the
-  file and the line or item)."""
+def read_rows(path: pathlib.Path, parse: Callable | None = None,
+              pick: Callable[[int], list[int]] | None = None) -> list:
+  """`parse` of each row of a JSONL file, a JSON list or a parquet table.
+
+  `pick(n)` chooses which of a table's n rows to read (parquet only).
+  Errors name the file and the line, or the row (`path: [i]: reason`).
+  """
+  path = pathlib.Path(path)
+  if path.suffix == ".parquet":
+    return _parquet_rows(path, parse, pick)
+  if pick is not None:
+    raise ValueError(f"{path}: rows can be picked from parquet files only")
   if path.suffix == ".jsonl":
     return jsonl.read(path, parse)
   data = jsonl.read_json(path)
   if not isinstance(data, list):
     raise jsonl.FormatError(f"{path}: expected a JSON list of rows, got a "
                             f"JSON {type(data).__name__}")
-  return jsonl.parse_items(path, data, parse)
+  return jsonl.parse_items(path, data, parse or (lambda r: r))
 
 
-def _read_parquet(path: pathlib.Path, parse: Callable) -> list:
+def _parquet_rows(path, parse, pick):
   try:
-    rows = pq.read_table(path).to_pylist()
+    table = pq.read_table(path)
+    indices = pick(table.num_rows) if pick is not None else None
+    rows = (table.take(indices) if indices is not None else table).to_pylist()
   except (pyarrow.ArrowException, OSError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    reason = reason.split(f"'{path}': ", 1)[-1]  # pyarrow names it too.
     raise jsonl.FormatError(f"{path}: not a readable parquet file ({reason})"
                             ) from e
-  return jsonl.parse_items(path, rows, parse)
+  return jsonl.parse_items(path, rows, parse or (lambda r: r), indices)
 
 
 # ------------------------------------------------------------------ GSM8K.
@@ -112,8 +124,8 @@ def _hotpotqa_task(split):
   def parse(r):
     return Task(id=f"hotpotqa/{split}/{r['_id']}", question=r["question"],
                 answers=(r["answer"],), source="hotpotqa", split=split,
-                metadata={"supporting_facts": _literal(r["supporting_facts"]),
-                          "context": _literal(r["context"]),
+                metadata={"supporting_facts": literal(r["supporting_facts"]),
+                          "context": literal(r["context"]),
                           "type": r.get("type"), "level": r.get("level")})
   return parse
 
@@ -123,7 +135,7 @@ def load_hotpotqa(split: str = "dev",
   """HotPotQA dev (distractor, 500) or the 100 train questions."""
   path = _path(data_dir, HOTPOTQA_FILES[split], f"hotpotqa split {split!r}",
                "hotpotqa")
-  return _rows(path, _hotpotqa_task(split))
+  return read_rows(path, _hotpotqa_task(split))
 
 
 # ---------------------------------------------------------------- MuSiQue.
@@ -131,22 +143,22 @@ def load_hotpotqa(split: str = "dev",
 
 def _musique_task(split):
   def parse(r):
-    aliases = [a for a in _literal(r.get("answer_aliases", "[]"))
+    aliases = [a for a in literal(r.get("answer_aliases", "[]"))
                if a != r["answer"]]
     return Task(
         id=f"musique/{split}/{r['id']}", question=r["question"],
         answers=(r["answer"], *aliases), source="musique", split=split,
-        metadata={"paragraphs": _literal(r["paragraphs"]),
+        metadata={"paragraphs": literal(r["paragraphs"]),
                   "question_decomposition":
-                      _literal(r["question_decomposition"]),
-                  "answerable": _literal(r.get("answerable", True))})
+                      literal(r["question_decomposition"]),
+                  "answerable": literal(r.get("answerable", True))})
   return parse
 
 
 def load_musique(split: str = "train",
                  data_dir: str | None = None) -> list[Task]:
   """The 100 MuSiQue train questions; answers include the aliases."""
-  return _rows(_path(data_dir, f"musique/musique_{split}.json",
+  return read_rows(_path(data_dir, f"musique/musique_{split}.json",
                      f"musique split {split!r}", "musique"),
                _musique_task(split))
 
@@ -156,15 +168,15 @@ def load_musique(split: str = "train",
 
 def _prompt_text(prompt) -> str:
   """The (last) user message of a verl-style chat prompt."""
-  messages = _literal(prompt)
+  messages = literal(prompt)
   users = [m["content"] for m in messages if m.get("role") == "user"]
   return (users or [messages[-1]["content"]])[-1]
 
 
 def _verl_row(r):
   """(question, gold, metadata, id or None) of a verl-style row."""
-  extra = _literal(r.get("extra_info")) or {}
-  gold = _literal(r["reward_model"])["ground_truth"]
+  extra = literal(r.get("extra_info")) or {}
+  gold = literal(r["reward_model"])["ground_truth"]
   meta = {k: extra[k] for k in ("level", "index") if k in extra}
   for k in ("subject", "solution", "unique_id"):
     if r.get(k) is not None:
@@ -178,7 +190,7 @@ def _verl_tasks(path, source, split):
                question=question, answers=(gold,), source=source, split=split,
                metadata=meta)
           for i, (question, gold, meta, tid) in enumerate(
-              _read_parquet(path, _verl_row))]
+              read_rows(path, _verl_row))]
 
 
 MATH_FILES = {"train": "math/math_train_l3to5.parquet",
