@@ -1,6 +1,7 @@
 r"""The data job: downloads the datasets the configs use into a data dir.
 
-  python -m swirl_jax.main --config=configs/data.py:datasets=gsm8k,hotpotqa,math \
+  python -m swirl_jax.main \
+      --config=configs/data.py:datasets=gsm8k,hotpotqa,math \
       --workdir=$HOME/swirl_data
   export SWIRL_JAX_DATA=$HOME/swirl_data
 
