@@ -11,6 +11,7 @@ CORE = [
     "absl-py>=2.1",
     "numpy>=1.26",
     "transformers>=4.46",
+    "huggingface_hub>=0.24",  # The data job (swirl_jax/tasks/prepare.py).
     "tokenizers>=0.20",
     "safetensors>=0.4",
     "gguf>=0.10",

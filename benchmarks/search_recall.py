@@ -17,6 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from swirl_jax import paths  # pylint: disable=g-import-not-at-top
 from swirl_jax.tasks import datasets
+from swirl_jax.tools import registry
 from swirl_jax.tools import search
 
 
@@ -45,7 +46,7 @@ def main():
 
   start = time.time()
   tasks = datasets.load_tasks("hotpotqa", "dev", data_dir=data_dir)
-  passages = datasets.task_corpus("hotpotqa", "dev", data_dir=data_dir)
+  passages = registry.corpus("hotpotqa:dev", data_dir)
   tool = search.SearchTool(passages, k=args.k, cache_dir=args.cache_dir)
   built = time.time() - start
   recall, both = recall_at_k(tool, tasks, args.k)

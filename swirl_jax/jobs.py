@@ -8,6 +8,7 @@ from typing import Callable
 
 JOBS: dict[str, str] = {
     "chat": "swirl_jax.chat:run",
+    "data": "swirl_jax.tasks.prepare:run",
     "swirl_pipeline": "swirl_jax.swirl.jobs:run_pipeline",
     "swirl_warmstart": "swirl_jax.swirl.jobs:run_warmstart_job",
     "swirl_stage1": "swirl_jax.swirl.jobs:run_stage1_job",

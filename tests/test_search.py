@@ -8,6 +8,7 @@ import pytest
 
 from swirl_jax import paths
 from swirl_jax.tasks import datasets
+from swirl_jax.tools import registry
 from swirl_jax.tools import search
 from swirl_jax.tools.search import Passage
 
@@ -90,7 +91,7 @@ def _data_dir():
 
 def test_hotpotqa_dev_recall_subset():
   data_dir = _data_dir()
-  passages = datasets.task_corpus("hotpotqa", "dev", data_dir=data_dir)
+  passages = registry.corpus("hotpotqa:dev", data_dir)
   assert len(passages) == 4947
   tasks = datasets.load_tasks("hotpotqa", "dev", data_dir=data_dir, limit=50)
   tool = search.SearchTool(passages, k=5)

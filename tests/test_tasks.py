@@ -13,6 +13,7 @@ from swirl_jax.tasks import records
 from swirl_jax.tasks import synthetic
 from swirl_jax.tools import calculator
 from swirl_jax.tools import parsing
+from swirl_jax.tools import registry
 from swirl_jax.tools import search
 
 
@@ -72,8 +73,10 @@ def test_gold_answers_parsed(data_dir):
 
 
 def test_corpora(data_dir):
-  assert len(datasets.task_corpus("hotpotqa", "train", data_dir)) == 994
-  assert len(datasets.task_corpus("musique", None, data_dir)) == 1890
+  assert len(registry.corpus("hotpotqa:train", data_dir)) == 994
+  assert len(registry.corpus("musique", data_dir)) == 1890
+  assert registry.corpus("synthetic_multihop:test") == search.as_passages(
+      synthetic.multihop_corpus(seed=1))
 
 
 def test_registry_errors(tmp_path):
@@ -190,3 +193,91 @@ def test_multihop_hops_are_searchable(tmp_path):
       assert a["answer"] == b["entity"] and a["answer"] in a["paragraph"]
     assert graph[-1]["answer"] == t.answer
     assert graph[-1]["answer"] in graph[-1]["paragraph"]
+
+
+# ------------------------------------------------- faults in input files.
+
+
+def _copy(data_dir, rel, tmp_path, edit):
+  """`rel` of the data dir copied under tmp_path with `edit(bytes)` applied;
+  returns (its path, its bytes)."""
+  path = tmp_path / rel
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(edit((pathlib.Path(data_dir) / rel).read_bytes()))
+  return path, path.read_bytes()
+
+
+def _fails(path, want, load):
+  before = path.read_bytes()
+  with pytest.raises(ValueError) as e:
+    load()
+  assert str(e.value) == f"{path}{want}"
+  assert path.read_bytes() == before  # A failed read changes nothing.
+
+
+def test_truncated_gsm8k_file(data_dir, tmp_path):
+  def cut(data):  # The download stopped 40 bytes into the last line.
+    return data[:data.rstrip(b"\n").rindex(b"\n") + 1 + 40]
+  path, _ = _copy(data_dir, "gsm8k/train.jsonl", tmp_path, cut)
+  _fails(path, ":7473: bad JSON (Unterminated string starting at column 14)",
+         lambda: datasets.load_tasks("gsm8k", "train", str(tmp_path)))
+
+
+def test_hotpotqa_file_cut_inside_a_multibyte_character(data_dir, tmp_path):
+  data = (pathlib.Path(data_dir) / "hotpotqa/dev_distractor_500.jsonl"
+          ).read_bytes()
+  start = data.rstrip(b"\n").rindex(b"\n") + 1
+  k = next(i for i in range(start, len(data)) if data[i] >= 0xc0)
+  path, _ = _copy(data_dir, "hotpotqa/dev_distractor_500.jsonl", tmp_path,
+                  lambda d: d[:k + 1])
+  _fails(path, f":500: not UTF-8 (byte 0x{data[k]:02x} at column "
+         f"{k - start + 1})",
+         lambda: datasets.load_tasks("hotpotqa", "dev", str(tmp_path)))
+
+
+@pytest.mark.parametrize("line,reason", [
+    (b'{"question": "q"}', "bad record (missing field 'answer')"),
+    (b'{"question": "q", "answer": "42"}',
+     "bad record (no '####' in GSM8K solution: '42')"),
+    (b'{"question": "caf\xe9", "answer": "#### 1"}',
+     "not UTF-8 (byte 0xe9 at column 18)"),
+])
+def test_bad_gsm8k_line(data_dir, tmp_path, line, reason):
+  def replace_line_3(data):
+    lines = data.split(b"\n")
+    return b"\n".join(lines[:2] + [line] + lines[3:])
+  path, _ = _copy(data_dir, "gsm8k/test.jsonl", tmp_path, replace_line_3)
+  _fails(path, f":3: {reason}",
+         lambda: datasets.load_tasks("gsm8k", "test", str(tmp_path)))
+
+
+def test_corrupt_parquet(data_dir, tmp_path):
+  path, _ = _copy(data_dir, "math/aime24.parquet", tmp_path,
+                  lambda d: d[:len(d) // 2])
+  _fails(path, ": not a readable parquet file (Parquet magic bytes not found "
+         "in footer. Either the file is corrupted or this is not a parquet "
+         "file.)", lambda: datasets.load_tasks("aime24", None, str(tmp_path)))
+
+
+def test_parquet_row_without_its_answer(data_dir, tmp_path):
+  import pyarrow  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  rows = pq.read_table(pathlib.Path(data_dir) / "math/aime25.parquet"
+                       ).to_pylist()
+  rows[1]["reward_model"] = None
+  path = tmp_path / "math/aime25.parquet"
+  path.parent.mkdir()
+  pq.write_table(pyarrow.Table.from_pylist(rows), path)
+  _fails(path, ": [1]: bad record ('NoneType' object is not subscriptable)",
+         lambda: datasets.load_tasks("aime25", None, str(tmp_path)))
+
+
+def test_truncated_json_document(data_dir, tmp_path):
+  path, _ = _copy(data_dir, "hotpotqa/hotpotqa_train.json", tmp_path,
+                  lambda d: b"\n".join(d.split(b"\n")[:6]) + b"\n")
+  _fails(path, ":7: bad JSON (Expecting ',' delimiter at column 1)",
+         lambda: datasets.load_tasks("hotpotqa", "train", str(tmp_path)))
+  path, _ = _copy(data_dir, "hotpotqa/hotpotqa_train_corpus.json", tmp_path,
+                  lambda d: d.replace(b"Demon Dice", b"Demon \xffDice", 1))
+  _fails(path, ":2: not UTF-8 (byte 0xff)",
+         lambda: registry.corpus("hotpotqa:train", str(tmp_path)))

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from swirl_jax import jsonl
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.swirl import decompose
@@ -73,6 +74,4 @@ def write(path: str, results: dict, trajs: dict[str, list] | None = None):
   (p / "results.json").write_text(json.dumps(results, indent=2))
   (p / "results.md").write_text(table(results) + "\n")
   for name, ts in (trajs or {}).items():
-    with (p / f"trajectories_{name}.jsonl").open("w") as f:
-      for t in ts:
-        f.write(t.to_json() + "\n")
+    jsonl.write(p / f"trajectories_{name}.jsonl", ts)

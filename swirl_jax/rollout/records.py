@@ -14,11 +14,11 @@ never re-tokenised (BPE merges across a boundary would move the mask).
 
 import dataclasses
 import json
-import logging
-import os
 from typing import Any, Iterable, Iterator, TypeVar
 
 import numpy as np
+
+from swirl_jax import jsonl
 
 R = TypeVar("R")
 
@@ -148,98 +148,23 @@ class StepUnit(_JsonRecord):
 
 
 # ---------------------------------------------------------------- JSONL IO
-
-
-def _drop_torn_tail(path: str) -> None:
-  """Cuts a last line that lacks its newline (left by a killed writer).
-
-  Appending after it would glue the next record onto the fragment. Shards
-  have one writer each, so nobody else is mid-write here.
-  """
-  with open(path, "rb+") as f:
-    size = f.seek(0, os.SEEK_END)
-    if size == 0:
-      return
-    f.seek(size - 1)
-    if f.read(1) == b"\n":
-      return
-    chunk, end = 1 << 16, size
-    while end > 0:  # Find the last newline, reading backwards.
-      start = max(0, end - chunk)
-      f.seek(start)
-      k = f.read(end - start).rfind(b"\n")
-      if k >= 0:
-        keep = start + k + 1
-        break
-      end = start
-    else:
-      keep = 0
-    logging.warning("%s: dropping a torn last line (%d bytes)", path,
-                    size - keep)
-    f.truncate(keep)
+# Record files: torn-tail recovery and `path:line: reason` errors come from
+# `swirl_jax.jsonl`; these bind it to the record classes.
 
 
 def write_jsonl(path: str, records: Iterable[Any]) -> int:
-  """Appends records to `path`, one JSON line each; returns how many.
-
-  The batch goes out as one O_APPEND write, then fsync: a crash leaves
-  whole lines plus at most one torn last line, which `read_jsonl` skips
-  and the next `write_jsonl` cuts off.
-  """
-  lines = [r.to_json() if hasattr(r, "to_json") else
-           json.dumps(r, ensure_ascii=False) for r in records]
-  if not lines:
-    return 0
-  for line in lines:  # json.dumps escapes newlines; guard custom to_json.
-    if "\n" in line:
-      raise ValueError("a record's JSON contains a newline")
-  d = os.path.dirname(os.path.abspath(path))
-  os.makedirs(d, exist_ok=True)
-  if os.path.exists(path):
-    _drop_torn_tail(path)
-  data = ("\n".join(lines) + "\n").encode("utf-8")
-  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-  try:
-    view = memoryview(data)
-    while view:  # os.write may write less than asked (rare on files).
-      view = view[os.write(fd, view):]
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-  return len(lines)
+  """Appends records to the shard `path`; see `jsonl.append`."""
+  return jsonl.append(path, records)
 
 
 def iter_jsonl(path: str, cls: type[R] | None = None) -> Iterator[R]:
-  """Records of a shard (`cls.from_json` each line; dicts if cls is None).
+  """Records of a shard (`cls.from_dict` per line; dicts if cls is None).
 
-  A last line that does not parse (a killed writer) is skipped with a
-  warning; a bad line elsewhere is corruption and raises ValueError.
+  A torn last line (a killed writer) is skipped with a warning; any other
+  bad line raises `jsonl.FormatError` (`path:line: reason`).
   """
-  with open(path, "r", encoding="utf-8") as f:
-    pending = None  # (line number, text) held back until we know it's last.
-    for no, line in enumerate(f, 1):
-      if pending is not None:
-        yield _parse(path, *pending, cls, last=False)
-      pending = (no, line)
-    if pending is not None:
-      rec = _parse(path, *pending, cls, last=True)
-      if rec is not None:
-        yield rec
-
-
-def _parse(path, no, line, cls, last):
-  text = line.rstrip("\n")
-  if not text.strip():
-    if last:
-      return None
-    raise ValueError(f"{path}:{no}: empty line inside a shard")
-  try:
-    return cls.from_json(text) if cls is not None else json.loads(text)
-  except (ValueError, TypeError) as e:
-    if last and not line.endswith("\n"):
-      logging.warning("%s:%d: skipping a torn last line (%s)", path, no, e)
-      return None
-    raise ValueError(f"{path}:{no}: bad record: {e}") from e
+  return jsonl.iterate(path, cls.from_dict if cls is not None else None,
+                       torn_tail=True)
 
 
 def read_jsonl(path: str, cls: type[R] | None = None) -> list[R]:

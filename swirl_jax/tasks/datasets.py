@@ -9,34 +9,45 @@ entry point; `DATASETS` lists the names and splits. A `tfds:` name (e.g.
 HotPotQA, MuSiQue and the parquet files may hold Python-literal strings
 where JSON would hold lists and dicts; they are parsed with
 `ast.literal_eval`.
+
+A missing file fails in one line that names the data job command fetching
+it (`paths.data_file`; `configs/data.py` downloads the files); a malformed
+one fails with `path:line: reason` (`swirl_jax.jsonl`). Importing this
+module registers the synthetic world's search corpora
+('synthetic_multihop:<split>') with the tool registry.
 """
 
 import ast
 import dataclasses
-import json
+import functools
 import pathlib
 from typing import Callable
 
+import pyarrow
+import pyarrow.parquet as pq
+
+from swirl_jax import jsonl
 from swirl_jax import paths
 from swirl_jax.tasks import records
 from swirl_jax.tasks import synthetic
+from swirl_jax.tools import registry
 
 Task = records.Task
 
+# The data job's dataset that fetches each loader's files.
+_FETCH = {"gsm8k": "gsm8k", "hotpotqa": "hotpotqa", "musique": "",
+          "math": "math", "aime": "math"}
 
-def _path(data_dir, rel, what):
-  data_dir = data_dir or paths.default_data_dir()
-  if not data_dir:
-    raise FileNotFoundError(
-        f"{what}: no data directory (expected the file {rel}); pass data_dir "
-        "or set SWIRL_JAX_DATA")
-  path = pathlib.Path(data_dir) / rel
-  if not path.is_file():
-    raise FileNotFoundError(f"{what}: missing file {path}")
-  return path
+for _split, _seed in synthetic.SPLIT_SEEDS.items():
+  registry.register_corpus(f"synthetic_multihop:{_split}", functools.partial(
+      synthetic.multihop_corpus, seed=_seed))
 
 
-def _literal(x):
+def _path(data_dir, rel, what, source):
+  return paths.data_file(data_dir, rel, what, _FETCH[source])
+
+
+def literal(x):
   """A Python-literal string (a list, dict, bool...) parsed; else as is."""
   if isinstance(x, str) and x[:1] in ("[", "{", "("):
     return ast.literal_eval(x)
@@ -45,19 +56,38 @@ def _literal(x):
   return x
 
 
-def _read_jsonl(path):
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+def read_rows(path: pathlib.Path, parse: Callable | None = None,
+              pick: Callable[[int], list[int]] | None = None) -> list:
+  """`parse` of each row of a JSONL file, a JSON list or a parquet table.
+
+  `pick(n)` chooses which of a table's n rows to read (parquet only).
+  Errors name the file and the line, or the row (`path: [i]: reason`).
+  """
+  path = pathlib.Path(path)
+  if path.suffix == ".parquet":
+    return _parquet_rows(path, parse, pick)
+  if pick is not None:
+    raise ValueError(f"{path}: rows can be picked from parquet files only")
+  if path.suffix == ".jsonl":
+    return jsonl.read(path, parse)
+  data = jsonl.read_json(path)
+  if not isinstance(data, list):
+    raise jsonl.FormatError(f"{path}: expected a JSON list of rows, got a "
+                            f"JSON {type(data).__name__}")
+  return jsonl.parse_items(path, data, parse or (lambda r: r))
 
 
-def _read_json(path):
-  with open(path) as f:
-    return json.load(f)
-
-
-def _read_parquet(path):
-  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-  return pq.read_table(path).to_pylist()
+def _parquet_rows(path, parse, pick):
+  try:
+    table = pq.read_table(path)
+    indices = pick(table.num_rows) if pick is not None else None
+    rows = (table.take(indices) if indices is not None else table).to_pylist()
+  except (pyarrow.ArrowException, OSError) as e:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    reason = reason.split(f"'{path}': ", 1)[-1]  # pyarrow names it too.
+    raise jsonl.FormatError(f"{path}: not a readable parquet file ({reason})"
+                            ) from e
+  return jsonl.parse_items(path, rows, parse or (lambda r: r), indices)
 
 
 # ------------------------------------------------------------------ GSM8K.
@@ -71,55 +101,66 @@ def gsm8k_answer(solution: str) -> str:
   return tail.strip().replace(",", "")
 
 
+def _gsm8k_row(r):
+  return r["question"], r["answer"], gsm8k_answer(r["answer"])
+
+
 def load_gsm8k(split: str = "train", data_dir: str | None = None) -> list[Task]:
-  rows = _read_jsonl(_path(data_dir, f"gsm8k/{split}.jsonl",
-                           f"gsm8k split {split!r}"))
-  return [Task(id=f"gsm8k/{split}/{i}", question=r["question"],
-               answers=(gsm8k_answer(r["answer"]),), source="gsm8k",
-               split=split,
-               metadata={"solution": r["answer"].rpartition("####")[0].strip()})
-          for i, r in enumerate(rows)]
+  rows = jsonl.read(_path(data_dir, f"gsm8k/{split}.jsonl",
+                          f"gsm8k split {split!r}", "gsm8k"), _gsm8k_row)
+  return [Task(id=f"gsm8k/{split}/{i}", question=question, answers=(answer,),
+               source="gsm8k", split=split,
+               metadata={"solution": solution.rpartition("####")[0].strip()})
+          for i, (question, solution, answer) in enumerate(rows)]
 
 
 # --------------------------------------------------------------- HotPotQA.
 
-_HOTPOTQA_FILES = {"dev": "hotpotqa/dev_distractor_500.jsonl",
-                   "train": "hotpotqa/hotpotqa_train.json"}
+HOTPOTQA_FILES = {"dev": "hotpotqa/dev_distractor_500.jsonl",
+                  "train": "hotpotqa/hotpotqa_train.json"}
+
+
+def _hotpotqa_task(split):
+  def parse(r):
+    return Task(id=f"hotpotqa/{split}/{r['_id']}", question=r["question"],
+                answers=(r["answer"],), source="hotpotqa", split=split,
+                metadata={"supporting_facts": literal(r["supporting_facts"]),
+                          "context": literal(r["context"]),
+                          "type": r.get("type"), "level": r.get("level")})
+  return parse
 
 
 def load_hotpotqa(split: str = "dev",
                   data_dir: str | None = None) -> list[Task]:
   """HotPotQA dev (distractor, 500) or the 100 train questions."""
-  path = _path(data_dir, _HOTPOTQA_FILES[split], f"hotpotqa split {split!r}")
-  rows = _read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
-  return [Task(id=f"hotpotqa/{split}/{r['_id']}", question=r["question"],
-               answers=(r["answer"],), source="hotpotqa", split=split,
-               metadata={"supporting_facts": _literal(r["supporting_facts"]),
-                         "context": _literal(r["context"]),
-                         "type": r.get("type"), "level": r.get("level")})
-          for r in rows]
+  path = _path(data_dir, HOTPOTQA_FILES[split], f"hotpotqa split {split!r}",
+               "hotpotqa")
+  return read_rows(path, _hotpotqa_task(split))
 
 
 # ---------------------------------------------------------------- MuSiQue.
 
 
+def _musique_task(split):
+  def parse(r):
+    aliases = [a for a in literal(r.get("answer_aliases", "[]"))
+               if a != r["answer"]]
+    return Task(
+        id=f"musique/{split}/{r['id']}", question=r["question"],
+        answers=(r["answer"], *aliases), source="musique", split=split,
+        metadata={"paragraphs": literal(r["paragraphs"]),
+                  "question_decomposition":
+                      literal(r["question_decomposition"]),
+                  "answerable": literal(r.get("answerable", True))})
+  return parse
+
+
 def load_musique(split: str = "train",
                  data_dir: str | None = None) -> list[Task]:
   """The 100 MuSiQue train questions; answers include the aliases."""
-  rows = _read_json(_path(data_dir, f"musique/musique_{split}.json",
-                          f"musique split {split!r}"))
-  tasks = []
-  for r in rows:
-    aliases = [a for a in _literal(r.get("answer_aliases", "[]"))
-               if a != r["answer"]]
-    tasks.append(Task(
-        id=f"musique/{split}/{r['id']}", question=r["question"],
-        answers=(r["answer"], *aliases), source="musique", split=split,
-        metadata={"paragraphs": _literal(r["paragraphs"]),
-                  "question_decomposition":
-                      _literal(r["question_decomposition"]),
-                  "answerable": _literal(r.get("answerable", True))}))
-  return tasks
+  return read_rows(_path(data_dir, f"musique/musique_{split}.json",
+                     f"musique split {split!r}", "musique"),
+               _musique_task(split))
 
 
 # ----------------------------------------------------------- MATH / AIME.
@@ -127,30 +168,34 @@ def load_musique(split: str = "train",
 
 def _prompt_text(prompt) -> str:
   """The (last) user message of a verl-style chat prompt."""
-  messages = _literal(prompt)
+  messages = literal(prompt)
   users = [m["content"] for m in messages if m.get("role") == "user"]
   return (users or [messages[-1]["content"]])[-1]
 
 
+def _verl_row(r):
+  """(question, gold, metadata, id or None) of a verl-style row."""
+  extra = literal(r.get("extra_info")) or {}
+  gold = literal(r["reward_model"])["ground_truth"]
+  meta = {k: extra[k] for k in ("level", "index") if k in extra}
+  for k in ("subject", "solution", "unique_id"):
+    if r.get(k) is not None:
+      meta[k] = r[k]
+  tid = r.get("unique_id") or r.get("id") or extra.get("index")
+  return _prompt_text(r["prompt"]), str(gold), meta, tid
+
+
 def _verl_tasks(path, source, split):
-  tasks = []
-  for i, r in enumerate(_read_parquet(path)):
-    extra = _literal(r.get("extra_info")) or {}
-    gold = _literal(r["reward_model"])["ground_truth"]
-    meta = {k: extra[k] for k in ("level", "index") if k in extra}
-    for k in ("subject", "solution", "unique_id"):
-      if r.get(k) is not None:
-        meta[k] = r[k]
-    tid = r.get("unique_id") or r.get("id") or extra.get("index", i)
-    tasks.append(Task(id=f"{source}/{split}/{tid}",
-                      question=_prompt_text(r["prompt"]),
-                      answers=(str(gold),), source=source, split=split,
-                      metadata=meta))
-  return tasks
+  return [Task(id=f"{source}/{split}/{i if tid is None else tid}",
+               question=question, answers=(gold,), source=source, split=split,
+               metadata=meta)
+          for i, (question, gold, meta, tid) in enumerate(
+              read_rows(path, _verl_row))]
 
 
-_MATH_FILES = {"train": "math/math_train_l3to5.parquet",
-               "test": "math/math500.parquet"}
+MATH_FILES = {"train": "math/math_train_l3to5.parquet",
+              "test": "math/math500.parquet"}
+AIME_FILES = {"2024": "math/aime24.parquet", "2025": "math/aime25.parquet"}
 
 
 def load_math(split: str = "train", data_dir: str | None = None) -> list[Task]:
@@ -159,15 +204,14 @@ def load_math(split: str = "train", data_dir: str | None = None) -> list[Task]:
   Two train problems (multiple choice) have an empty gold answer upstream;
   they are kept, so filter on `task.answer` to drop them.
   """
-  return _verl_tasks(_path(data_dir, _MATH_FILES[split],
-                           f"math split {split!r}"), "math", split)
+  return _verl_tasks(_path(data_dir, MATH_FILES[split],
+                           f"math split {split!r}", "math"), "math", split)
 
 
 def load_aime(split: str = "2024", data_dir: str | None = None) -> list[Task]:
   """AIME 2024 or 2025 (30 problems each)."""
-  rel = {"2024": "math/aime24.parquet", "2025": "math/aime25.parquet"}[split]
-  return _verl_tasks(_path(data_dir, rel, f"aime split {split!r}"), "aime",
-                     split)
+  return _verl_tasks(_path(data_dir, AIME_FILES[split],
+                           f"aime split {split!r}", "aime"), "aime", split)
 
 
 # --------------------------------------------------------------- Registry.
@@ -249,23 +293,3 @@ def _load_tfds(name, split, limit):
     tasks.append(Task(id=f"{source}/{split}/{i}", question=text["question"],
                       answers=(str(answer),), source=source, split=split))
   return tasks
-
-
-def task_corpus(name: str, split: str | None = None,
-                data_dir: str | None = None):
-  """The search corpus that goes with a QA dataset, as `Passage`s."""
-  from swirl_jax.tools import search  # pylint: disable=g-import-not-at-top
-  if name == "hotpotqa" and split in (None, "dev"):
-    return search.hotpotqa_context_passages(
-        _path(data_dir, _HOTPOTQA_FILES["dev"], "hotpotqa dev corpus"))
-  if name == "hotpotqa" and split == "train":
-    return search.load_title_text_json(_path(
-        data_dir, "hotpotqa/hotpotqa_train_corpus.json", "hotpotqa corpus"))
-  if name == "musique":
-    return search.load_title_text_json(_path(
-        data_dir, "musique/musique_train_corpus.json", "musique corpus"))
-  if name == "synthetic_multihop":
-    return synthetic.multihop_corpus(seed=synthetic.SPLIT_SEEDS[
-        split or "train"])
-  raise ValueError(f"no search corpus for dataset {name!r} split {split!r}")
-

@@ -20,11 +20,10 @@ in SimpleTIR's (```python blocks, then `\\boxed{}`), with the
 observations a tool would return, for use as demonstrations.
 """
 
-import json
 import operator
-import pathlib
 import random
 
+from swirl_jax import jsonl
 from swirl_jax.tasks import records
 
 Task = records.Task
@@ -233,11 +232,8 @@ def multihop_corpus(seed: int = 0, num_companies: int = 50) -> list[dict]:
 
 def write_corpus_jsonl(corpus, path) -> None:
   """Writes `{title, text}` rows as JSONL (read by search.load_corpus)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with path.open("w") as f:
-    for row in corpus:
-      f.write(json.dumps({"title": row["title"], "text": row["text"]}) + "\n")
+  jsonl.write(path, ({"title": row["title"], "text": row["text"]}
+                     for row in corpus))
 
 
 _QUESTIONS = {

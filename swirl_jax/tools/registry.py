@@ -3,11 +3,17 @@
   config.tools.names = ('calculator',) | ('search',) | ('python',)
   config.tools.search_corpus = 'hotpotqa:dev' | 'synthetic_multihop:train'
                                | a corpus file (JSON or JSONL)
+
+A named corpus ('<dataset>:<split>') is a file under the data directory
+(`CORPUS_FILES`) or one that code generates: generators register with
+`register_corpus` (tasks/datasets.py registers the synthetic world's), so
+this package never imports `tasks`.
 """
 
 import contextlib
 from typing import Callable
 
+from swirl_jax import paths
 from swirl_jax.tools import calculator, sandbox, search
 
 BatchTool = Callable[[list[str]], list[str]]
@@ -25,11 +31,44 @@ def forbidden(reason: str):
     _FORBIDDEN.pop()
 
 
+# '<dataset>:<split>' -> (file under the data directory, data job dataset
+# that fetches it, or '' when the job does not).
+CORPUS_FILES = {
+    # The unique paragraphs of the dev questions' own contexts.
+    "hotpotqa:dev": ("hotpotqa/dev_distractor_500.jsonl", "hotpotqa"),
+    "hotpotqa:train": ("hotpotqa/hotpotqa_train_corpus.json", "hotpotqa"),
+    "musique:train": ("musique/musique_train_corpus.json", ""),
+}
+_GENERATED: dict[str, Callable[[], list]] = {}
+
+
+def register_corpus(name: str, make: Callable[[], list]) -> None:
+  """Makes `name` ('<dataset>:<split>') a corpus built by `make()`."""
+  _GENERATED[name] = make
+
+
+def corpus(name: str, data_dir: str | None = None) -> list[search.Passage]:
+  """The named corpus ('<dataset>:<split>', or '<dataset>' for its only
+  split) as passages; its file is read from `data_dir` (default: the
+  data directory)."""
+  if name not in CORPUS_FILES and name not in _GENERATED:
+    only = [k for k in list(CORPUS_FILES) + list(_GENERATED)
+            if k.split(":")[0] == name]
+    if len(only) != 1:
+      raise ValueError(f"unknown search corpus {name!r}; known: "
+                       f"{sorted(set(CORPUS_FILES) | set(_GENERATED))} or a "
+                       "corpus file")
+    name = only[0]
+  if name in _GENERATED:
+    return search.as_passages(_GENERATED[name]())
+  rel, fetch = CORPUS_FILES[name]
+  return search.load_corpus(paths.data_file(data_dir, rel,
+                                            f"search corpus {name!r}", fetch))
+
+
 def _corpus(spec: str, data_dir: str | None):
-  from swirl_jax.tasks import datasets  # pylint: disable=g-import-not-at-top
   if ":" in spec and not spec.startswith("/"):
-    name, split = spec.split(":", 1)
-    return datasets.task_corpus(name, split, data_dir)
+    return corpus(spec, data_dir)
   return search.load_corpus(spec)
 
 

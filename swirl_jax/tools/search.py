@@ -27,6 +27,8 @@ import threading
 import bm25s
 import numpy as np
 
+from swirl_jax import jsonl
+
 # Everything that changes the index is part of its cache key.
 _SETTINGS = {"lower": True, "stopwords": "en", "k1": 1.5, "b": 0.75,
              "method": "lucene", "title_in_text": True,
@@ -57,15 +59,21 @@ def _text(value) -> str:
   return "".join(value)
 
 
-def _read_json_or_jsonl(path):
+def _read(path):
+  """(path, content) of a corpus file: JSONL values or a JSON document."""
   path = pathlib.Path(path)
   if not path.is_file():
     raise FileNotFoundError(f"corpus file not found: {path}")
   if path.suffix == ".jsonl":
-    with path.open() as f:
-      return [json.loads(line) for line in f if line.strip()]
-  with path.open() as f:
-    return json.load(f)
+    return path, jsonl.read(path)
+  return path, jsonl.read_json(path)
+
+
+def _rows(path, data, parse) -> list:
+  if not isinstance(data, list):
+    raise jsonl.FormatError(f"{path}: expected rows (a JSON list or JSONL), "
+                            f"got a JSON {type(data).__name__}")
+  return jsonl.parse_items(path, data, parse)
 
 
 def unique_passages(pairs) -> list[Passage]:
@@ -79,49 +87,60 @@ def unique_passages(pairs) -> list[Passage]:
   return out
 
 
+def _context_pairs(row):
+  return [(title, _text(sentences))
+          for title, sentences in _literal(row["context"])]
+
+
+def _context_passages(path, data) -> list[Passage]:
+  return unique_passages(pair for pairs in _rows(path, data, _context_pairs)
+                         for pair in pairs)
+
+
 def hotpotqa_context_passages(path) -> list[Passage]:
   """The unique paragraphs of a HotPotQA question file's `context` fields
   (JSONL or a JSON list; fields may be Python-literal strings)."""
-  rows = _read_json_or_jsonl(path)
-  return unique_passages((title, _text(sentences))
-                         for row in rows
-                         for title, sentences in _literal(row["context"]))
+  return _context_passages(*_read(path))
+
+
+def _title_text(row) -> Passage:
+  return Passage(str(row.get("title", "")), _text(row.get("text", "")))
+
+
+def _title_text_passages(path, data) -> list[Passage]:
+  if isinstance(data, dict):
+    return [Passage(str(t), _text(v)) for t, v in data.items()]
+  return _rows(path, data, _title_text)
 
 
 def load_title_text_json(path) -> list[Passage]:
   """A JSON object title -> text (or sentence list), like the HotPotQA
   train corpus; or a JSON list / JSONL of `{title, text}` rows."""
-  data = _read_json_or_jsonl(path)
-  if isinstance(data, dict):
-    return [Passage(str(t), _text(v)) for t, v in data.items()]
-  return [Passage(str(r.get("title", "")), _text(r.get("text", "")))
-          for r in data]
+  return _title_text_passages(*_read(path))
 
 
 def load_corpus(path) -> list[Passage]:
   """Any corpus file this module knows, by shape: a title -> text object,
   `{title, text}` rows (the MuSiQue corpus, JSONL corpora), or question
   rows with a HotPotQA `context`."""
-  data = _read_json_or_jsonl(path)
-  if isinstance(data, list) and data and "context" in data[0]:
-    return hotpotqa_context_passages(path)
-  return load_title_text_json(path)
+  path, data = _read(path)
+  if (isinstance(data, list) and data and isinstance(data[0], dict)
+      and "context" in data[0]):
+    return _context_passages(path, data)
+  return _title_text_passages(path, data)
 
 
 def write_jsonl(passages, path) -> None:
   """Writes passages as JSONL `{title, text}`, readable by `load_corpus`."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with path.open("w") as f:
-    for p in passages:
-      p = p if isinstance(p, Passage) else Passage(p["title"], p["text"])
-      f.write(json.dumps({"title": p.title, "text": p.text}) + "\n")
+  jsonl.write(path, ({"title": p.title, "text": p.text}
+                     for p in as_passages(passages)))
 
 
 # ------------------------------------------------------------------ index.
 
 
-def _as_passages(corpus):
+def as_passages(corpus) -> list[Passage]:
+  """Passages from `Passage`s, `{title, text}` dicts or (title, text)."""
   out = []
   for p in corpus:
     if isinstance(p, Passage):
@@ -218,7 +237,7 @@ class SearchTool:
 
   def __init__(self, corpus, k: int = 5, max_chars: int = 500,
                cache_dir: str | None = None):
-    self.passages = _as_passages(corpus)
+    self.passages = as_passages(corpus)
     if not self.passages:
       raise ValueError("SearchTool needs a non-empty corpus")
     self.k = k

@@ -6,6 +6,19 @@ long-lived worker process (imports paid once); a call that overruns its
 timeout gets its worker killed and replaced, so the caller always gets an
 answer in bounded time. Workers run their function in their main thread,
 so libraries that rely on `signal.alarm` work there too.
+
+Why not `pebble.ProcessPool` (per-call timeout, worker restart, an
+initializer that can set the memory limit): it passes this package's
+calculator and checker tests, but two of our guarantees fail with pebble
+5.1.1 (spawn context, measured on this machine):
+- An initializer that raises (a missing math-verify, or a memory limit too
+  small to import SymPy) leaves every call pending forever: pebble restarts
+  the worker, and a call's timeout only starts once a worker takes it (a
+  future was still unresolved after 30 s). Here the call returns
+  `(False, "worker died: ...")` at once (0.5 s).
+- A call past its timeout gets SIGTERM, then SIGKILL after a grace period:
+  with the timeout at 1 s, a call ignoring SIGTERM returned after 5.0 s
+  (here 1.9 s: the worker is killed outright).
 """
 
 import concurrent.futures

@@ -9,31 +9,24 @@ On resume, lines of `metrics.jsonl` past the restored step are dropped, so
 the file reads as one uninterrupted run.
 """
 
-import json
 import math
-import os
 import pathlib
 from typing import Mapping
 
 import jax
 
+from swirl_jax import jsonl
+
 KEY_FIGURES = ("loss", "grad_norm", "lr", "ratio_max", "skipped")
 
 
 def _truncate_jsonl(path: pathlib.Path, last_step: int) -> None:
-  """Keeps only lines with `step <= last_step` (atomic rewrite)."""
+  """Keeps only records with `step <= last_step` (atomic rewrite); a torn
+  last line from a crash goes too."""
   if not path.exists():
     return
-  keep = []
-  for line in path.read_text().splitlines():
-    try:
-      if json.loads(line).get("step", 0) <= last_step:
-        keep.append(line)
-    except json.JSONDecodeError:  # A torn last line from a crash.
-      continue
-  tmp = path.with_suffix(".jsonl.tmp")
-  tmp.write_text("".join(l + "\n" for l in keep))
-  os.replace(tmp, path)
+  records = jsonl.read(path, torn_tail=True)
+  jsonl.write(path, [r for r in records if r.get("step", 0) <= last_step])
 
 
 def _jsonable(v: float) -> float | None:
@@ -48,7 +41,7 @@ class MetricWriter:
                tensorboard: bool = True, progress: bool = True,
                key_figures=KEY_FIGURES):
     self.enabled = (jax.process_index() == 0) if enabled is None else enabled
-    self._tb = self._bar = self._jsonl = None
+    self._tb = self._bar = self._path = None
     self._keys = key_figures
     if not self.enabled:
       return
@@ -56,7 +49,7 @@ class MetricWriter:
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "metrics.jsonl"
     _truncate_jsonl(path, initial_step)
-    self._jsonl = path.open("a")
+    self._path = path
     if tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(str(workdir / "tensorboard"),
@@ -72,8 +65,7 @@ class MetricWriter:
     values = {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
     record = {"step": int(step)}
     record.update({k: _jsonable(v) for k, v in sorted(values.items())})
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
+    jsonl.append(self._path, [record])
     if self._tb is not None:
       for k, v in values.items():
         self._tb.add_scalar(k, v, int(step))
@@ -84,15 +76,12 @@ class MetricWriter:
       self._bar.refresh()
 
   def flush(self) -> None:
-    if self._jsonl is not None:
-      self._jsonl.flush()
     if self._tb is not None:
       self._tb.flush()
 
   def close(self) -> None:
     if not self.enabled:
       return
-    self._jsonl.close()
     if self._tb is not None:
       self._tb.close()
     if self._bar is not None:

@@ -1,0 +1,50 @@
+r"""Download the datasets the configs use into a data directory.
+
+  python -m swirl_jax.main \
+      --config=configs/data.py:datasets=gsm8k,hotpotqa,math \
+      --workdir=$HOME/swirl_data
+  export SWIRL_JAX_DATA=$HOME/swirl_data
+
+The workdir is the data directory. Files come from pinned Hugging Face Hub
+revisions (swirl_jax/tasks/prepare.py lists them) and are recorded in
+`<workdir>/manifest.json`; a rerun fetches only what is missing or changed.
+
+Args: datasets (any of gsm8k, hotpotqa, math; default all three; math
+includes MATH500 and AIME 24/25), hotpotqa_train (HotPotQA train questions
+to sample, default 100), hotpotqa_dev (dev distractor questions, default
+500), seed (of both samples), overwrite (fetch and convert again).
+"""
+
+import ml_collections
+
+from swirl_jax import config_lib
+from swirl_jax.tasks import prepare
+
+
+def get_config(arg=None):
+  # 'datasets=gsm8k,hotpotqa,math': the names after the first come as bare
+  # parts of the comma-separated arg.
+  names, rest = [], []
+  for part in (arg or "").split(","):
+    key, eq, value = part.partition("=")
+    if key.strip() == "datasets" and eq:
+      names.append(value.strip())
+    elif not eq and part.strip() in prepare.PRODUCTS:
+      names.append(part.strip())
+    else:
+      rest.append(part)
+  unknown = [n for n in names if n not in prepare.PRODUCTS]
+  if unknown:
+    raise config_lib.ConfigError(
+        f"data job: unknown datasets {unknown}; valid: "
+        f"{', '.join(prepare.PRODUCTS)}")
+  a = config_lib.parse_arg(",".join(rest), hotpotqa_train=100,
+                           hotpotqa_dev=500, seed=0, overwrite=False)
+  c = ml_collections.ConfigDict()
+  c.job = "data"
+  c.datasets = tuple(names or prepare.PRODUCTS)
+  c.hotpotqa_train = a.hotpotqa_train
+  c.hotpotqa_dev = a.hotpotqa_dev
+  c.seed = a.seed
+  c.overwrite = a.overwrite
+  return c
