@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import os
-import sqlite3
 import threading
 import time
 from typing import Sequence
@@ -27,53 +26,9 @@ from requests import adapters
 from urllib3.exceptions import MaxRetryError
 from urllib3.util import Retry
 
-from swirl_jax.judges import base, replies
+from swirl_jax.judges import base, http_support, replies
 
 RETRY_STATUS = (429, 500, 502, 503, 504)
-
-
-class _RateLimiter:
-  """At most `rate` acquisitions per second, across threads (0: no limit)."""
-
-  def __init__(self, rate: float):
-    self._interval = 1.0 / rate if rate > 0 else 0.0
-    self._next = 0.0
-    self._lock = threading.Lock()
-
-  def acquire(self) -> None:
-    if not self._interval:
-      return
-    with self._lock:
-      now = time.monotonic()
-      wait = self._next - now
-      self._next = max(now, self._next) + self._interval
-    if wait > 0:
-      time.sleep(wait)
-
-
-class _DiskCache:
-  """sqlite key -> JSON value, shared by the worker threads."""
-
-  def __init__(self, path: str):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    self._db = sqlite3.connect(path, check_same_thread=False, timeout=30)
-    self._lock = threading.Lock()
-    with self._lock:
-      self._db.execute("CREATE TABLE IF NOT EXISTS judge "
-                       "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-      self._db.commit()
-
-  def get(self, key: str):
-    with self._lock:
-      row = self._db.execute("SELECT value FROM judge WHERE key = ?",
-                             (key,)).fetchone()
-    return None if row is None else json.loads(row[0])
-
-  def put(self, key: str, value) -> None:
-    with self._lock:
-      self._db.execute("INSERT OR REPLACE INTO judge VALUES (?, ?)",
-                       (key, json.dumps(value)))
-      self._db.commit()
 
 
 class _Retry(Retry):
@@ -150,8 +105,8 @@ class HTTPScorer:
     self._adapter = adapters.HTTPAdapter(max_retries=retry,
                                          pool_maxsize=max_concurrency)
     self._local = threading.local()  # One requests.Session per thread.
-    self._limiter = _RateLimiter(requests_per_second)
-    self._cache = _DiskCache(cache_path) if cache_path else None
+    self._limiter = http_support.RateLimiter(requests_per_second)
+    self._cache = http_support.DiskCache(cache_path) if cache_path else None
     self.cache_path = cache_path
     self.requests_sent = 0  # HTTP attempts, retries included.
     self.unparsed = 0  # Replies that said neither word.
