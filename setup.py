@@ -23,6 +23,7 @@ CORE = [
     "tensorboardX>=2.6",
     "tqdm>=4.66",
     "requests>=2.31",
+    "urllib3>=2",
     "matplotlib>=3.8",
 ]
 

@@ -3,7 +3,7 @@
 import ml_collections
 
 from swirl_jax import config_lib
-from swirl_jax.swirl import judges
+from swirl_jax import judges
 from swirl_jax.training import trainer as trainer_lib
 
 # Per dataset: tool, step cap (paper: 5 for QA, 10 for GSM8K), eval split.

@@ -13,6 +13,7 @@
 (job `swirl_<stage>`) and reads what the earlier ones wrote.
 """
 
+import dataclasses
 import json
 import pathlib
 
@@ -20,12 +21,13 @@ import ml_collections
 import tqdm
 from absl import logging
 
+from swirl_jax import judges
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import StepUnit, read_jsonl, write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
-from swirl_jax.swirl import decompose, filters, judges, stage1, stage2
+from swirl_jax.swirl import decompose, filters, stage1, stage2
 from swirl_jax.swirl import report, warmstart
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
@@ -48,12 +50,16 @@ def _without_eval_questions(c, tasks):
   return [t for t in tasks if t.question not in held_out]
 
 
-def _judge(jc, tasks, policy):
-  """A judge; kind 'model' with no checkpoint of its own uses `policy`."""
-  model = None
-  if jc.kind == "model" and not jc.model.checkpoint and policy is not None:
-    model = policy
-  return judges.make_judge(jc, tasks=tasks, model=model)
+def _borrows_policy(jc) -> bool:
+  """A 'model' judge without a checkpoint of its own judges with the policy."""
+  return jc.kind == "model" and not jc.model.checkpoint
+
+
+def _judge(jc, tasks, policy, *, name="judge", cache_path=""):
+  """The judge block `jc` describes (`name`: its key in the config)."""
+  model = policy if _borrows_policy(jc) and policy is not None else None
+  return judges.make_judge(jc, tasks=tasks, model=model, name=name,
+                           default_cache_path=cache_path)
 
 
 def _rollout_loop(c, policy, tools, rc) -> loop_lib.RolloutLoop:
@@ -102,6 +108,68 @@ def run_stage1(c, workdir):
   return trajs
 
 
+def _step_key(u: StepUnit) -> tuple:
+  return (u.trajectory_id, u.step_index, u.state_text, u.action_text)
+
+
+def _stored_labels(out: pathlib.Path, ident: dict) -> dict[tuple, StepUnit]:
+  """The labelled units `out` holds from the judge `ident`, by step."""
+  labels, ident_path = out / "units.jsonl", out / "judge.json"
+  if not (labels.exists() and ident_path.exists()) or \
+      json.loads(ident_path.read_text()) != ident:
+    return {}
+  return {_step_key(u): u for u in read_jsonl(str(labels), StepUnit)
+          if u.process_good is not None}
+
+
+def _write_labels(out: pathlib.Path, units, ident: dict) -> None:
+  # No identity file while the labels change: a kill in between leaves
+  # labels that no judge vouches for, which the next run judges again.
+  (out / "judge.json").unlink(missing_ok=True)
+  for name, write in (("units.jsonl", lambda p: write_jsonl(str(p), units)),
+                      ("judge.json",
+                       lambda p: p.write_text(json.dumps(ident, indent=2)))):
+    tmp = out / (name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    write(tmp)
+    tmp.rename(out / name)
+
+
+def _judged(c, workdir, units, out: pathlib.Path) -> list[StepUnit]:
+  """`units` with the judge's labels, judging only what is not stored.
+
+  `out/units.jsonl` holds the labels and `out/judge.json` the identity of
+  the judge that gave them (kind, model or endpoint, threshold, prompt...):
+  a label is reused when the identity is equal and the step (ids, state and
+  action text) is the same; the other steps are judged and both files
+  rewritten. A step whose reply could not be read is stored without a
+  label, so the next run judges it again; the judge's unreadable share is
+  taken over all the stage's steps, so such a rerun does not fail on them.
+  """
+  jc = c.judge
+  policy_cfg = _base(c, workdir) if _borrows_policy(jc) else None
+  ident = judges.identity(jc, policy_cfg)
+  stored = _stored_labels(out, ident)
+  todo = [u for u in units if _step_key(u) not in stored]
+  if todo:
+    logging.info("filter: judging %d steps (%d labels reused)", len(todo),
+                 len(units) - len(todo))
+    policy = (loading.load_policy(policy_cfg, seed=c.seed)
+              if policy_cfg is not None else None)
+    tasks = _tasks(c, "train") if jc.kind == "programmatic" else None
+    judge = _judge(jc, tasks, policy,
+                   cache_path=str(out / "judge_cache.sqlite"))
+    stored.update((_step_key(u), u) for u in judges.label_units(
+        judge, todo, total=len(units)))
+  units = [dataclasses.replace(u, process_good=stored[_step_key(u)]
+                               .process_good,
+                               process_prob=stored[_step_key(u)].process_prob)
+           for u in units]
+  if todo:
+    _write_labels(out, units, ident)
+  return units
+
+
 def run_filter(c, workdir):
   work = pathlib.Path(workdir)
   trajs = stage1.read_trajectories(str(work / "stage1"))
@@ -111,24 +179,16 @@ def run_filter(c, workdir):
   easy = (stage1.easy_tasks(trajs, c.stage1.easy_max_calls)
           if c.stage1.drop_easy else set())
   trajs = [t for t in trajs if t.task_id not in easy]
-  units = decompose.decompose_all(trajs)
   out = work / "filter"
   out.mkdir(parents=True, exist_ok=True)
-  judged_path = out / "units.jsonl"
-  cached = read_jsonl(str(judged_path), StepUnit) \
-      if judged_path.exists() else []
-  key = lambda us: sorted((u.trajectory_id, u.step_index) for u in us)
-  if cached and key(cached) == key(units):  # Judging is the costly part.
-    units = cached
-  else:  # New or changed stage 1 output: judge again.
-    policy = (loading.load_policy(_base(c, workdir), seed=c.seed)
-              if c.judge.kind == "model" else None)
-    judge = _judge(c.judge, _tasks(c, "train"), policy)
-    units = judges.label_units(judge, units)
-    tmp = out / "units.jsonl.tmp"
-    tmp.unlink(missing_ok=True)
-    write_jsonl(str(tmp), units)
-    tmp.rename(judged_path)
+  units = _judged(c, workdir, decompose.decompose_all(trajs), out)
+  unjudged = sum(u.process_good is None for u in units)
+  if unjudged:  # Below the judge's max_unparsable share; asked next run.
+    logging.warning("filter: %d steps got no readable judge reply; they "
+                    "count as BAD here and are judged again next run",
+                    unjudged)
+    units = [u if u.process_good is not None else
+             dataclasses.replace(u, process_good=False) for u in units]
   reports = {}
   for strategy in filters.STRATEGIES:
     kept, rep = filters.filter_units(units, strategy, c.filter.granularity)
@@ -138,6 +198,7 @@ def run_filter(c, workdir):
     write_jsonl(str(path), kept)
     path.touch()  # Even when empty: stage 2 then says "kept no step".
   reports["easy_tasks_dropped"] = len(easy)
+  reports["steps_without_judge_reply"] = unjudged
   (out / "report.json").write_text(json.dumps(reports, indent=2))
   logging.info("filter report: %s", json.dumps(reports))
   return reports
@@ -165,7 +226,7 @@ def _rl(c, workdir):
   cfg, params, tok = policy = loading.load_policy(_base(c, workdir),
                                                  seed=c.seed)
   s = stage2.Stage2Config.from_config(c.stage2)
-  reward = _judge(c.reward, _tasks(c, "train"), policy)
+  reward = _judge(c.reward, _tasks(c, "train"), policy, name="reward")
   tc = c.rl_train
   trainer = trainer_lib.Trainer(tc, str(work), cfg, params=params)
   sampler = Sampler(trainer.policy_params(), cfg, tok,
