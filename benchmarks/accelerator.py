@@ -44,7 +44,7 @@ import numpy as np
 
 from swirl_jax import chips
 from swirl_jax import sharding as shd
-from swirl_jax.models import decoder, presets
+from swirl_jax.models import attention, decoder, presets
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import sampler as sampler_lib
 from swirl_jax.training import optimizer
@@ -168,11 +168,10 @@ def bench_decode(cfg: ModelConfig, args) -> dict:
 
 
 def bench_model(name: str, args, chip, ceilings) -> dict:
-  overrides = dict(dtype="bfloat16", param_dtype="float32", remat=args.remat)
+  overrides = dict(dtype="bfloat16", param_dtype="float32", remat=args.remat,
+                   attention_impl=args.attention_impl)
   if args.small:
     overrides.update(SMALL)
-  if args.attention_impl != "auto":
-    overrides["attention_impl"] = args.attention_impl
   cfg = presets.get_preset(name, **overrides)
   tr = bench_train(cfg, args)
   flops = train_flops(cfg, args.batch, args.length)
@@ -242,7 +241,12 @@ def main():
       benchmark="accelerator", backend=jax.default_backend(),
       device_kind=dev.device_kind, chip=chip and chip.name,
       small=args.small, small_overrides=SMALL if args.small else None,
-      attention_impl=args.attention_impl, remat=args.remat,
+      attention_impl=args.attention_impl,
+      attention_impl_resolved=attention.resolve(
+          presets.get_preset(args.models.split(",")[0],
+                             attention_impl=args.attention_impl),
+          args.length),
+      remat=args.remat,
       train_shape=[args.batch, args.length],
       decode_shape=[args.decode_batch, args.prompt_len, args.new_tokens],
       measured_matmul_tflop_s=round(ceilings["matmul"] / 1e12, 2),

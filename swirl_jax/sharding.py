@@ -122,6 +122,15 @@ def use_mesh(mesh: Mesh | None, rules=DEFAULT_RULES):
     _ACTIVE.update(old)
 
 
+def active_mesh() -> Mesh | None:
+  """The mesh of the innermost `use_mesh` (None outside one)."""
+  return _ACTIVE["mesh"]
+
+
+def active_rules():
+  return _ACTIVE["rules"]
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
   """`with_sharding_constraint` by logical axes; a no-op without a mesh."""
   mesh = _ACTIVE["mesh"]

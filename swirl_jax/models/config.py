@@ -43,6 +43,9 @@ class ModelConfig:
   # about this many queries, each over the keys up to its own last one: the
   # causal upper half is never computed. At most 16 blocks; 0: one block.
   attn_query_block: int = 128
+  # Attention without a cache: auto | xla_blocks | dot_product | splash
+  # (models/attention.py); auto picks by backend.
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     if self.family not in FAMILIES:

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from swirl_jax.models import attention
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sharding import constrain
 
@@ -108,7 +109,8 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None, index=None):
+  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None, index=None,
+               sliding=False):
     """Attends over the new tokens alone, or over this layer's cache.
 
     With kv_cache = (k [B, K, H, S], v [B, K, S, H]), the new keys / values are
@@ -137,7 +139,7 @@ class Attention(nn.Module):
     q = constrain(q, ("batch", "length", "act_heads", None))
     v_BKSH = v.transpose(0, 2, 1, 3)
     if kv_cache is None:
-      o = _causal_blocks(c, q, k.transpose(0, 2, 1, 3), v_BKSH, mask_BTS)
+      o = attention.no_cache(c, q, k, v, mask_BTS, sliding, _causal_blocks)
       new_cache = None
     else:
       # Cached keys are stored [B, K, H, S]: the scores are then a plain
@@ -237,8 +239,10 @@ class Layer(nn.Module):
     c = self.cfg
     sliding = jnp.asarray(c.sliding_layers)[layer_idx]
     mask = jnp.where(sliding, mask_slide, mask_full)
-    h, kv = Attention(c, name="attn")(RMSNorm(c, name="input_norm")(x),
-                                      pos_BT, mask, kv, index)
+    kinds = set(c.sliding_layers)  # Static when all layers are alike.
+    h, kv = Attention(c, name="attn")(
+        RMSNorm(c, name="input_norm")(x), pos_BT, mask, kv, index,
+        sliding=kinds.pop() if len(kinds) == 1 else sliding)
     if c.is_gemma:
       h = RMSNorm(c, name="post_attn_norm")(h)
     x = x + h
