@@ -53,6 +53,8 @@ def resolve(cfg, seq_len: int) -> str:
     return _fallback(impl, "jax.nn.dot_product_attention has no logit "
                      "soft-cap")
   if impl == "splash" and seq_len % _SPLASH_BLOCK:
+    if seq_len == 1:  # Param init traces one token: nothing to say.
+      return "xla_blocks"
     return _fallback(impl, f"{seq_len} tokens are not a multiple of "
                      f"{_SPLASH_BLOCK}")
   return impl

@@ -29,6 +29,7 @@ norm leaves params and optimizer state as they were and counts the step in
 """
 
 import functools
+import math
 from typing import Iterable
 
 import jax
@@ -43,6 +44,7 @@ from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.ops import logprobs as lp_ops
 from swirl_jax.ops import losses
+from swirl_jax.training import defaults
 from swirl_jax.training import lora
 from swirl_jax.training.optimizer import clip_by_global_norm
 from swirl_jax.training.state import TrainState
@@ -236,14 +238,14 @@ class TrainStep:
     loss_cfg.update(dict(config.get("loss", {}).items()))
     if loss_cfg.kind not in LOSS_KINDS:
       raise ValueError(f"loss.kind {loss_cfg.kind!r}; valid: {LOSS_KINDS}")
-    self.micro_batches = int(config.get("micro_batches", 1))
+    self.config = config
     optim = config.get("optim", None)
     grad_clip = float(optim.get("grad_clip", 1.0)) if optim else 1.0
     self.mesh, self.rules, self.shardings = mesh, rules, shardings
     self._fn = functools.partial(
         train_step, cfg=cfg, loss_cfg=loss_cfg,
         lora_cfg=config.get("lora", None), tx=tx, schedule=schedule,
-        grad_clip=grad_clip, micro_batches=self.micro_batches)
+        grad_clip=grad_clip)
     self._compiler_options = compiler_options  # XLA options, e.g. for TPU.
     self._jitted = {}
 
@@ -253,28 +255,37 @@ class TrainStep:
                                self.rules)
     return NamedSharding(self.mesh, spec)
 
-  def jitted(self, batch_size: int):
-    if batch_size % self.micro_batches:
+  def micro_batches(self, batch_size: int, length: int) -> int:
+    """`config.micro_batches`, or (0) as the token budget asks for."""
+    spec = self.batch_sharding(batch_size).spec
+    axes = spec[0] if spec else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    shards = math.prod(self.mesh.shape[a] for a in axes)
+    return defaults.micro_batches_for(self.config, batch_size, length, shards)
+
+  def jitted(self, batch_size: int, length: int = 0):
+    m = self.micro_batches(batch_size, length)
+    if batch_size % m:
       raise ValueError(f"batch size {batch_size} is not a multiple of "
-                       f"micro_batches={self.micro_batches}")
-    if batch_size not in self._jitted:
-      self._jitted[batch_size] = jax.jit(
-          self._fn, donate_argnums=(0,),
+                       f"micro_batches={m}")
+    if (batch_size, m) not in self._jitted:
+      self._jitted[batch_size, m] = jax.jit(
+          functools.partial(self._fn, micro_batches=m), donate_argnums=(0,),
           compiler_options=self._compiler_options,
           in_shardings=(self.shardings, self.batch_sharding(batch_size)),
           out_shardings=(self.shardings, NamedSharding(self.mesh, P())))
-    return self._jitted[batch_size]
+    return self._jitted[batch_size, m]
 
   def __call__(self, state: TrainState, batch):
     batch = self.place(batch)
     with shd.use_mesh(self.mesh, self.rules):
-      return self.jitted(batch["tokens"].shape[0])(state, batch)
+      return self.jitted(*batch["tokens"].shape)(state, batch)
 
   def lower(self, state: TrainState, batch):
     """The lowered step (`.compile().memory_analysis()`, cost analysis)."""
     batch = self.place(batch)
     with shd.use_mesh(self.mesh, self.rules):
-      return self.jitted(batch["tokens"].shape[0]).lower(state, batch)
+      return self.jitted(*batch["tokens"].shape).lower(state, batch)
 
   def place(self, batch):
     """Host arrays -> batch-sharded device arrays with canonical dtypes."""
