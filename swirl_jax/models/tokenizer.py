@@ -37,11 +37,11 @@ import re
 from typing import Any, Iterable, Mapping, Sequence
 
 import tokenizers
-from tokenizers import AddedToken, models, pre_tokenizers, trainers
 import transformers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from swirl_jax.models import gguf_io, gguf_tokenizer
+from swirl_jax.models import tokenizer_pipeline as pipeline
 from swirl_jax.models.gguf_tokenizer import TokenizerError
 
 __all__ = ["END_OF_GENERATION_TOKENS", "Tokenizer", "TokenizerError"]
@@ -93,7 +93,7 @@ class Tokenizer:
     added = backend.get_added_tokens_decoder()
     self._added_ids = frozenset(added)
     self._special_ids = frozenset(i for i, t in added.items() if t.special)
-    self._bytelevel = _has_bytelevel(backend)
+    self._bytelevel = pipeline.has_bytelevel(backend)
 
   # -- construction --
 
@@ -244,19 +244,8 @@ class Tokenizer:
       raise TokenizerError(f"{self._source or 'tokenizer'}: train_like needs "
                            "a byte-level BPE tokenizer")
     added = sorted(self._backend.get_added_tokens_decoder().items())
-    specials = [AddedToken(t.content, special=True, normalized=False)
-                for _, t in added]
-    backend = tokenizers.Tokenizer(models.BPE())
-    base = self._backend
-    if base.normalizer is not None:
-      backend.normalizer = base.normalizer
-    backend.pre_tokenizer = (base.pre_tokenizer if split_digits else
-                             _without_digit_split(base.pre_tokenizer))
-    backend.decoder = base.decoder
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(texts, trainer)
+    backend = pipeline.retrained(self._backend, texts, vocab_size,
+                                 split_digits)
     ids = {t.content: backend.token_to_id(t.content) for _, t in added}
     new = lambda i: None if i is None else ids[self._backend.id_to_token(i)]
     return Tokenizer(backend, bos_id=new(self._bos_id),
@@ -317,7 +306,7 @@ class Tokenizer:
     prefix space a sequence starts with. See the module docstring.
     """
     if self._continuation is None:
-      self._continuation = _without_prefix_space(self._backend)
+      self._continuation = pipeline.without_prefix_space(self._backend)
     backend = self._pick(self._continuation, allow_special)
     return backend.encode(text, add_special_tokens=False).ids
 
@@ -461,68 +450,3 @@ def _generation_config(d: pathlib.Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
   except (OSError, ValueError) as e:
     raise TokenizerError(f"{path}: unreadable JSON ({e})") from e
-
-
-def _without_digit_split(pre):
-  """`pre` with any `Digits` step removed (a Sequence or a single step)."""
-  steps = json.loads(pre.__getstate__())
-  if steps.get("type") == "Digits":
-    return None
-  if steps.get("type") == "Sequence":
-    steps["pretokenizers"] = [p for p in steps["pretokenizers"]
-                              if p.get("type") != "Digits"]
-    if len(steps["pretokenizers"]) == 1:
-      steps = steps["pretokenizers"][0]
-  backend = tokenizers.Tokenizer(models.BPE())
-  state = json.loads(backend.to_str())
-  state["pre_tokenizer"] = steps
-  return tokenizers.Tokenizer.from_str(json.dumps(state)).pre_tokenizer
-
-
-def _has_bytelevel(backend: tokenizers.Tokenizer) -> bool:
-  """Whether the tokenizer spells bytes as GPT-2's printable characters."""
-  if backend.decoder is None:
-    return False
-  # The decoder's own JSON; serialising the whole tokenizer is slow.
-  stack = [json.loads(backend.decoder.__getstate__())]
-  while stack:
-    node = stack.pop()
-    if node.get("type") == "ByteLevel":
-      return True
-    stack.extend(node.get("decoders") or [])
-  return False
-
-
-def _without_prefix_space(backend: tokenizers.Tokenizer):
-  """`backend` minus the space it prepends to a text, or itself if none.
-
-  SentencePiece-style tokenizers mark the start of a text with a space
-  (Metaspace's prepend, a `Prepend("▁")` normaliser, ByteLevel's
-  add_prefix_space); a segment in mid-text must not get one.
-  """
-  def strip(node):
-    if isinstance(node, list):
-      return [strip(n) for n in node
-              if not (isinstance(n, dict) and n.get("type") == "Prepend")]
-    if not isinstance(node, dict):
-      return node
-    node = {k: strip(v) for k, v in node.items()}
-    if node.get("type") == "Metaspace":
-      node["prepend_scheme"] = "never"
-      node.pop("add_prefix_space", None)  # Pre-0.15 spelling.
-    elif node.get("type") == "ByteLevel":
-      node["add_prefix_space"] = False
-    return node
-
-  parts = {}
-  for name in ("normalizer", "pre_tokenizer"):
-    part = getattr(backend, name)
-    if part is not None:
-      old = json.loads(part.__getstate__())
-      parts[name] = (old, None if old.get("type") == "Prepend" else strip(old))
-  if all(old == new for old, new in parts.values()):
-    return backend
-  full = json.loads(backend.to_str())
-  for name, (_, new) in parts.items():
-    full[name] = new
-  return tokenizers.Tokenizer.from_str(json.dumps(full))
