@@ -26,6 +26,11 @@ def hf_config(family: str, **kw) -> transformers.PretrainedConfig:
     base.update(rope_theta=10000.0, tie_word_embeddings=True)
     base.update(kw)
     return transformers.Qwen2Config(**base)
+  if family == "qwen3":
+    # head_dim 24 != hidden / heads = 16: the two must not be confused.
+    base.update(head_dim=24, rope_theta=10000.0, tie_word_embeddings=True)
+    base.update(kw)
+    return transformers.Qwen3Config(**base)
   if family == "gemma2":
     base.update(sliding_window=8, query_pre_attn_scalar=24,
                 attn_logit_softcapping=5.0, final_logit_softcapping=3.0,

@@ -16,7 +16,7 @@ import hf_models
 from swirl_jax.models import decoder, gguf_io, hf_io, presets
 from swirl_jax.models.config import from_hf_config
 
-TOL = {"llama": 2e-4, "qwen2": 2e-4, "gemma2": 5e-3}
+TOL = {"llama": 2e-4, "qwen2": 2e-4, "qwen3": 2e-4, "gemma2": 5e-3}
 
 
 def _padded_batch(rng, vocab, lengths, total, left):
@@ -37,7 +37,7 @@ def _hf_logits(model, tokens, mask, positions):
                  position_ids=torch.tensor(positions)).logits.numpy()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
 @pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
 @pytest.mark.parametrize("query_block", [0, 6], ids=["one_block", "blocks"])
 def test_parity_with_transformers(family, left, query_block, tmp_path):
