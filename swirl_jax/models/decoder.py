@@ -98,8 +98,7 @@ class RMSNorm(nn.Module):
     c = self.cfg
     # Gemma stores (scale - 1): zeros init and `x * (1 + w)`.
     init = nn.initializers.zeros if c.is_gemma else nn.initializers.ones
-    w = _param(self, "scale", (self.axis,), (x.shape[-1],), init,
-               c.param_dtype)
+    w = _param(self, "scale", (self.axis,), x.shape[-1:], init, c.param_dtype)
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + c.norm_eps)
     if c.is_gemma:
