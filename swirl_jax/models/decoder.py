@@ -1,4 +1,4 @@
-"""One decoder for Llama / SmolLM2, Qwen2 and Gemma 2, used functionally.
+"""One functional decoder for Llama / SmolLM2, Qwen2, Qwen3 and Gemma 2.
 
 Parameters are a pytree; `forward(params, cfg, tokens, ...)` gives logits and,
 when a KV cache is passed in, the updated cache.
@@ -49,8 +49,8 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   s = cfg.rope_scaling
   if not s:
     return inv.astype(np.float32)
-  factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-  old = s["original_max_position_embeddings"]
+  factor, lo, hi = s.factor, s.low_freq_factor, s.high_freq_factor
+  old = s.original_max_position_embeddings
   wavelen = 2 * math.pi / inv
   scaled = np.where(wavelen > old / lo, inv / factor, inv)
   smooth = (old / wavelen - lo) / (hi - lo)
@@ -90,14 +90,16 @@ _W_INIT = nn.initializers.normal(stddev=0.02)
 
 
 class RMSNorm(nn.Module):
+  """Over the last axis, whose logical name is `axis`."""
   cfg: ModelConfig
+  axis: str = "embed"
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
     # Gemma stores (scale - 1): zeros init and `x * (1 + w)`.
     init = nn.initializers.zeros if c.is_gemma else nn.initializers.ones
-    w = _param(self, "scale", ("embed",), (x.shape[-1],), init, c.param_dtype)
+    w = _param(self, "scale", (self.axis,), x.shape[-1:], init, c.param_dtype)
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + c.norm_eps)
     if c.is_gemma:
@@ -134,6 +136,9 @@ class Attention(nn.Module):
       q = q + p("q_bias", ("heads", "head_dim"), (N, H), zeros)
       k = k + p("k_bias", ("kv_heads", "head_dim"), (K, H), zeros)
       v = v + p("v_bias", ("kv_heads", "head_dim"), (K, H), zeros)
+    if c.qk_norm:  # One scale per head_dim entry, shared by the heads.
+      q = RMSNorm(c, "head_dim", name="q_norm")(q)
+      k = RMSNorm(c, "head_dim", name="k_norm")(k)
     inv = rope_inv_freq(c)
     q, k = apply_rope(q, pos_BT, inv), apply_rope(k, pos_BT, inv)
     q = constrain(q, ("batch", "length", "act_heads", None))

@@ -511,10 +511,9 @@ _split_layers = jax.jit(decoder.split_layers)
 
 
 def _programs(cfg: ModelConfig, cache_dtype, mesh, rules) -> _Programs:
-  # ModelConfig holds dicts and lists (unhashable); its repr names every
-  # field. The mesh and rules are part of the key because model code reads
-  # them when it is traced.
-  key = (repr(cfg), cache_dtype, mesh, tuple(rules))
+  # The mesh and rules are part of the key because model code reads them
+  # when it is traced.
+  key = (cfg, cache_dtype, mesh, tuple(rules))
   if key not in _PROGRAMS:
     _PROGRAMS[key] = _Programs(cfg, cache_dtype)
   return _PROGRAMS[key]
