@@ -244,17 +244,6 @@ class RolloutLoop:
     return turn.observation_ids
 
 
-def score(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> None:
-  """Sets `outcome` and `reward` (1/0) from the answer checkers."""
-  from swirl_jax.tasks import checkers  # pylint: disable=g-import-not-at-top
-  by_id = {t.id: t for t in tasks}
-  trajs = list(trajectories)
-  ok = checkers.check_batch([by_id[t.task_id] for t in trajs],
-                            [t.final_answer for t in trajs])
-  for t, o in zip(trajs, ok):
-    t.outcome, t.reward = bool(o), float(o)
-
-
 def response_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
   """Turns per trajectory, void / turn-cap / overlong shares, lengths."""
   n = max(1, len(trajectories))
