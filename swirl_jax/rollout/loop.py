@@ -11,7 +11,7 @@ trainers never re-tokenise text.
 import concurrent.futures
 import dataclasses
 import zlib
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -19,10 +19,7 @@ from swirl_jax.rollout import prompts
 from swirl_jax.rollout.records import Trajectory, Turn
 from swirl_jax.tasks.records import Task
 from swirl_jax.tools import parsing
-
-# A tool takes a batch of arguments and returns one observation text each.
-BatchTool = Callable[[list[str]], list[str]]
-
+from swirl_jax.tools.registry import BatchTool
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
