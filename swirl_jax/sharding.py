@@ -10,7 +10,6 @@ import contextlib
 import math
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
@@ -88,11 +87,6 @@ def tree_shardings(logical_tree: Any, shapes_tree: Any, mesh: Mesh,
           mesh, logical_to_spec(tuple(axes), x.shape, mesh, rules)),
       logical_tree, shapes_tree,
       is_leaf=lambda x: isinstance(x, P))
-
-
-def logical_axes(boxed_tree: Any) -> Any:
-  """Logical PartitionSpecs of a tree of `nn.LogicallyPartitioned` boxes."""
-  return nn.get_partition_spec(boxed_tree)
 
 
 def place(host_tree: Any, shardings: Any) -> Any:

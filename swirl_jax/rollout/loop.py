@@ -11,7 +11,7 @@ trainers never re-tokenise text.
 import concurrent.futures
 import dataclasses
 import zlib
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -19,10 +19,7 @@ from swirl_jax.rollout import prompts
 from swirl_jax.rollout.records import Trajectory, Turn
 from swirl_jax.tasks.records import Task
 from swirl_jax.tools import parsing
-
-# A tool takes a batch of arguments and returns one observation text each.
-BatchTool = Callable[[list[str]], list[str]]
-
+from swirl_jax.tools.registry import BatchTool
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
@@ -242,17 +239,6 @@ class RolloutLoop:
     turn.observation_ids = self.observation_ids(text, turn.action_ids)
     turn.observation = self.tokenizer.decode(turn.observation_ids)
     return turn.observation_ids
-
-
-def score(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> None:
-  """Sets `outcome` and `reward` (1/0) from the answer checkers."""
-  from swirl_jax.tasks import checkers  # pylint: disable=g-import-not-at-top
-  by_id = {t.id: t for t in tasks}
-  trajs = list(trajectories)
-  ok = checkers.check_batch([by_id[t.task_id] for t in trajs],
-                            [t.final_answer for t in trajs])
-  for t, o in zip(trajs, ok):
-    t.outcome, t.reward = bool(o), float(o)
 
 
 def response_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
