@@ -10,15 +10,16 @@ __version__ = "0.1.0"
 
 LAYERS = (
     ("paths",),
-    ("config_lib", "sharding", "jsonl", "shapes"),
+    ("config_lib", "sharding", "jsonl", "shapes", "chips"),
     ("tools",),  # Plain Python, no JAX.
     ("tasks",),  # Plain Python; answer checkers may use tool parsing.
     ("models", "ops"),  # The decoder and its loaders; pure jnp kernels.
     ("sampling", "training"),  # Generation; the one train step.
     ("rollout",),  # The agent loop, records, step decomposition, batching.
+    ("fit_programs",),  # The compiled programs the fit job measures.
     ("judges",),  # Step and outcome labels over rollout records.
     ("evaluation", "warmstart"),  # Metrics; the CPU runs' warm start.
     ("swirl", "simpletir"),  # The two methods, side by side.
-    ("chat", "jobs"),  # Jobs and their registry.
+    ("chat", "jobs", "fit"),  # Jobs and their registry.
     ("main",),  # The entry point.
 )

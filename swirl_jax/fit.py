@@ -30,6 +30,8 @@ import sys
 
 import ml_collections
 
+from swirl_jax import chips, fit_programs
+
 GIB = 1 << 30
 _CHILD_ENV = "SWIRL_JAX_FIT_CHILD"
 _BACKEND = {"v4": "tpu", "v5e": "tpu", "v5p": "tpu", "v6e": "tpu",
@@ -90,8 +92,6 @@ def _extrapolate(at_n: dict, at_n1: dict, n: int, depth: int) -> dict:
 
 def measure(config) -> dict:
   """Compiles and measures (in a process whose devices are the fake ones)."""
-  from swirl_jax import chips  # pylint: disable=g-import-not-at-top
-  from swirl_jax.training import fit_programs  # pylint: disable=g-import-not-at-top
   f = config.fit
   chip = chips.get(f.chip)
   setup = fit_programs.Setup(config, _BACKEND[f.chip])

@@ -21,6 +21,8 @@ import math
 
 import jax
 
+from swirl_jax.models import decoder, presets
+
 BIG_MODEL_PARAMS = 1e9
 
 
@@ -74,14 +76,12 @@ def micro_batches_for(config, rows: int, length: int, data_shards: int
 
 def num_params(model_cfg) -> int:
   """Parameter count of a ModelConfig, from shapes alone."""
-  from swirl_jax.models import decoder  # pylint: disable=g-import-not-at-top
   return sum(math.prod(x.shape) for x in
              jax.tree.leaves(decoder.abstract_params(model_cfg)))
 
 
 def preset_params(model) -> int:
   """Parameter count of `config.model`'s preset (no weights read)."""
-  from swirl_jax.models import presets  # pylint: disable=g-import-not-at-top
   return num_params(presets.get_preset(model.preset))
 
 
