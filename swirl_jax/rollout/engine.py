@@ -111,14 +111,18 @@ class RolloutEngine(loop.RolloutLoop):
         self._collect(futures, block=False)
         while free and pending:
           live.append(self._admit(pending.popleft(), free.pop(0)))
+        t1 = time.perf_counter()
         self._append([r for r in live if r.phase == "prefill"], fresh=True)
         self._append([r for r in live if r.phase == "append"], fresh=False)
+        t2 = time.perf_counter()
+        self._stats["append_s"] += t2 - t1
         ready = [r for r in live if r.phase == "decode"]
         if ready:
           # Decode goes on while calls run: the chunks beside them.
           self._stats["decode_chunks_beside_tools"] += bool(futures)
           for row in self._decode(ready[:self.engine.decode_batch]):
             futures[pool.submit(self._call, row.call)] = row
+          self._stats["decode_s"] += time.perf_counter() - t2
         elif futures:
           self._collect(futures, block=True)
         for r in [r for r in live if r.phase == "done"]:
