@@ -18,6 +18,8 @@ The KV cache is a dict:
   pos    [B, S] int32      position of each slot (for RoPE'd sliding windows)
   valid  [B, S] bool       slot holds a real token (not padding / empty)
   index  []     int32      next slot to write; all rows write the same slots
+         or [B]            each row's own next slot (the rollout engine's
+                           slot-per-row cache: rows never share padding)
 Rows of different lengths are padded, and padded slots stay invalid forever.
 """
 
@@ -151,12 +153,8 @@ class Attention(nn.Module):
       # (m, h) x (h, s) product, several times faster on a CPU than
       # contracting the last dim of both.
       ck, cv = kv_cache
-      zero = jnp.zeros((), jnp.int32)
-      ck = jax.lax.dynamic_update_slice(
-          ck, k.transpose(0, 2, 3, 1).astype(ck.dtype),
-          (zero, zero, zero, index))
-      cv = jax.lax.dynamic_update_slice(cv, v_BKSH.astype(cv.dtype),
-                                        (zero, zero, index, zero))
+      ck = put_slots(ck, k.transpose(0, 2, 3, 1), index, axis=3)
+      cv = put_slots(cv, v_BKSH, index, axis=2)
       new_cache = (ck, cv)
       o = _attend(c, q, ck.astype(dt), cv.astype(dt), mask_BTS,
                   keys_last=True)
@@ -321,7 +319,9 @@ class Decoder(nn.Module):
 def _masks(c: ModelConfig, q_pos_BT, k_pos_BS, k_valid_BS, causal_TS):
   """[B, T, S] visibility of keys to queries: valid key, causal (by slot
   order), and for sliding layers within the window (by position)."""
-  full = k_valid_BS[:, None, :] & causal_TS[None]
+  if causal_TS.ndim == 2:  # One write index for all rows; else [B, T, S].
+    causal_TS = causal_TS[None]
+  full = k_valid_BS[:, None, :] & causal_TS
   slide = full
   if c.sliding_window and any(c.sliding_layers):
     dist = q_pos_BT[:, :, None] - k_pos_BS[:, None, :]
@@ -356,18 +356,42 @@ def split_layers(params):
                                    for i in range(n)))
 
 
+def put_slots(old, new, index, axis: int):
+  """`old` with `new` written from slot `index` on along `axis`: one index
+  for all rows, or one per row ([B], each row's own write position)."""
+  zero = jnp.zeros((), jnp.int32)
+  new = new.astype(old.dtype)
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(
+        old, new, tuple(index if a == axis else zero
+                        for a in range(old.ndim)))
+  # Per row (the batch axis mapped away, so `axis` moves down by one).
+  return jax.vmap(lambda o, n, i: jax.lax.dynamic_update_slice(
+      o, n, tuple(i if a == axis - 1 else zero for a in range(o.ndim))))(
+          old, new, index)
+
+
 def _cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
                           mask_BT, cache: Cache):
-  """Hidden states of new tokens written at slots index .. index + T."""
+  """Hidden states of new tokens written at slots index .. index + T.
+
+  `cache["index"]` is one write slot for all rows ([]), or one per row
+  ([B]: rows then put their real tokens first, right-padded, and each
+  advances by its own count, so a row's slot s holds its position s).
+  """
   c = cfg
   params = split_layers(params)
   index, T = cache["index"], tokens_BT.shape[1]
-  zero = jnp.zeros((), jnp.int32)
-  put = lambda old, new: jax.lax.dynamic_update_slice(
-      old, new.astype(old.dtype), (zero, index))
-  k_pos, k_valid = put(cache["pos"], pos_BT), put(cache["valid"], mask_BT)
+  k_pos = put_slots(cache["pos"], pos_BT, index, axis=1)
+  k_valid = put_slots(cache["valid"], mask_BT, index, axis=1)
   S = k_valid.shape[1]
-  causal = jnp.arange(S)[None, :] <= index + jnp.arange(T)[:, None]
+  if jnp.ndim(index) == 0:
+    causal = jnp.arange(S)[None, :] <= index + jnp.arange(T)[:, None]
+    advance = T
+  else:
+    causal = (jnp.arange(S)[None, None, :]
+              <= index[:, None, None] + jnp.arange(T)[None, :, None])
+    advance = jnp.sum(mask_BT, axis=1, dtype=index.dtype)
   mask_full, mask_slide = _masks(c, pos_BT, k_pos, k_valid, causal)
   x = embed_tokens(params["embedding"], c, tokens_BT)
   ks, vs = [], []
@@ -379,7 +403,7 @@ def _cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
     vs.append(v)
   x = RMSNorm(c).apply({"params": params["final_norm"]}, x)
   return x, dict(k=tuple(ks), v=tuple(vs), pos=k_pos, valid=k_valid,
-                 index=index + T)
+                 index=index + advance)
 
 
 def default_positions(mask_BT: jax.Array) -> jax.Array:
