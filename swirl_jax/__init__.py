@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 LAYERS = (
     ("paths",),
-    ("config_lib", "sharding", "jsonl", "shapes", "chips"),
+    ("config_lib", "sharding", "jsonl", "shapes", "chips", "distributed"),
     ("tools",),  # Plain Python, no JAX.
     ("tasks",),  # Plain Python; answer checkers may use tool parsing.
     ("models", "ops"),  # The decoder and its loaders; pure jnp kernels.

@@ -35,8 +35,6 @@ from swirl_jax.models import attention
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sharding import constrain
 
-# Finite, so a query row with no visible key gets a uniform softmax, not NaN.
-MASK_VALUE = -1e30
 Cache = dict[str, jax.Array]
 
 
@@ -146,7 +144,7 @@ class Attention(nn.Module):
     q = constrain(q, ("batch", "length", "act_heads", None))
     v_BKSH = v.transpose(0, 2, 1, 3)
     if kv_cache is None:
-      o = attention.no_cache(c, q, k, v, mask_BTS, sliding, _causal_blocks)
+      o = attention.no_cache(c, q, k, v, mask_BTS, sliding)
       new_cache = None
     else:
       # Cached keys are stored [B, K, H, S]: the scores are then a plain
@@ -156,63 +154,13 @@ class Attention(nn.Module):
       ck = put_slots(ck, k.transpose(0, 2, 3, 1), index, axis=3)
       cv = put_slots(cv, v_BKSH, index, axis=2)
       new_cache = (ck, cv)
-      o = _attend(c, q, ck.astype(dt), cv.astype(dt), mask_BTS,
-                  keys_last=True)
+      o = attention.attend(c, q, ck.astype(dt), cv.astype(dt), mask_BTS,
+                           keys_last=True)
     w_o = p("o", ("heads", "head_dim", "embed"), (N, H, D))
     # One (n h) x d product: with (n, h) as two contracting dims XLA may
     # transpose the weight, a copy of it on every call.
     out = dense(o, w_o.reshape(N * H, D))
     return out, new_cache
-
-
-def _attend(c: ModelConfig, q_BTNH, k, v_BKSH, mask_BTS, *, keys_last):
-  """Softmax attention of T queries over S slots -> `[B, T, N * H]`.
-
-  Keys are `[B, K, S, H]`, or `[B, K, H, S]` with `keys_last`.
-  """
-  B, T, N, H = q_BTNH.shape
-  K = v_BKSH.shape[1]
-  G = N // K
-  # Each (b, k) attends with its G query heads' rows stacked, m = (g, t):
-  # plain [M, H] x [H, S] products with the batch dims (b, k) leading,
-  # which XLA's CPU matmul takes as they are; a 5-D (g, t) einsum, or
-  # other layouts, runs 2-3x slower, forward and backward.
-  q_BKMH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(
-      B, K, G * T, H)
-  spec = "bkmh,bkhs->bkms" if keys_last else "bkmh,bksh->bkms"
-  s = jnp.einsum(spec, q_BKMH, k, preferred_element_type=jnp.float32)
-  s = s * c.attn_scale
-  if c.attn_logit_softcap:
-    s = jnp.tanh(s / c.attn_logit_softcap) * c.attn_logit_softcap
-  mask_BMS = jnp.tile(mask_BTS, (1, G, 1))  # Row m = (g, t) sees t's keys.
-  s = jnp.where(mask_BMS[:, None], s, MASK_VALUE)
-  probs = jax.nn.softmax(s, axis=-1).astype(v_BKSH.dtype)
-  o = jnp.einsum("bkms,bksh->bkmh", probs, v_BKSH)
-  return o.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(
-      B, T, N * H)
-
-
-def _causal_blocks(c: ModelConfig, q_BTNH, k_BKSH, v_BKSH, mask_BTS):
-  """`_attend` over blocks of queries, each over the keys up to its end.
-
-  Exact for causal masks (the no-cache path's): a query never sees a later
-  key, so the keys left out are masked anyway. Skipping that upper half,
-  with blocks small enough to stay in cache, took SmolLM2's attention core
-  (fwd + bwd, 2 x 512 tokens) from 56 ms to 35-38 ms in blocks of 128
-  queries; inside a rematerialised layer 128 beat 64. (A query row with no
-  visible key at all, i.e. padding, spreads its weight over its block's
-  keys rather than all keys; such rows are masked downstream either way.)
-  """
-  T = q_BTNH.shape[1]
-  n = 1 if c.attn_query_block <= 0 else min(-(-T // c.attn_query_block), 16)
-  size = -(-T // n)
-  outs = []
-  for lo in range(0, T, size):
-    hi = min(lo + size, T)
-    outs.append(_attend(c, q_BTNH[:, lo:hi], k_BKSH[:, :, :hi],
-                        v_BKSH[:, :, :hi], mask_BTS[:, lo:hi, :hi],
-                        keys_last=False))
-  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 class MLP(nn.Module):
