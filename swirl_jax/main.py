@@ -12,6 +12,10 @@ from ml_collections import config_flags
 config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with ':args'.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Where outputs and checkpoints go.")
+flags.DEFINE_boolean("traceback", False,
+                     "Show the traceback of a known user error.")
+flags.DEFINE_boolean("checkpoint_info", False,
+                     "Log the checkpoint library's INFO lines.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 # Set by launchers when several processes form one job.
@@ -25,6 +29,45 @@ def _is_multiprocess() -> bool:
     return True
   hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
   return len([h for h in hosts.split(",") if h]) > 1
+
+
+def _quiet_orbax(record) -> bool:
+  """Drops orbax's INFO lines and its threads' error dumps (the error is
+  raised again in the main thread and reported there)."""
+  if "/orbax/" not in record.pathname:
+    return True
+  if record.levelno < 30:
+    return False
+  return "raised an exception" not in str(record.msg)
+
+
+def _warn_ignored_presets(config) -> None:
+  """`--config.X.preset=` does nothing when X.checkpoint is set."""
+  for arg in sys.argv[1:]:
+    name = arg.split("=", 1)[0]
+    if not (name.startswith("--config.") and name.endswith(".preset")):
+      continue
+    block = config
+    for key in name[len("--config."):-len(".preset")].split("."):
+      block = block.get(key) if hasattr(block, "get") else None
+    if block is not None and block.get("checkpoint"):
+      logging.warning("%s is ignored: the model comes from checkpoint %r, "
+                      "which holds its own architecture", arg,
+                      block.checkpoint)
+
+
+def _run_job(job, config, workdir):
+  from swirl_jax import config_lib  # pylint: disable=g-import-not-at-top
+  try:
+    config_lib.check_writable(workdir)
+    _warn_ignored_presets(config)
+    return job(config, workdir)
+  except Exception as e:  # pylint: disable=broad-except
+    msg = config_lib.user_message(e)
+    if msg is None or flags.FLAGS.traceback:
+      raise
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv):
@@ -42,10 +85,11 @@ def main(argv):
     sys.exit(f"error: cannot load --config: {lines[-1] if lines else e}")
   except KeyError as e:
     sys.exit(f"error: {e.args[0]}")
-  os.makedirs(workdir, exist_ok=True)
+  if not flags.FLAGS.checkpoint_info:
+    logging.get_absl_handler().addFilter(_quiet_orbax)
   logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
                workdir, jax.process_count(), jax.device_count())
-  job(config, workdir)
+  _run_job(job, config, workdir)
 
 
 def _parse_flags(argv):
