@@ -5,79 +5,36 @@
 typed values with `parse_arg`, which rejects unknown names.
 """
 
-import errno
+import dataclasses
 import importlib.util
-import os
 import pathlib
-import re
 
 import ml_collections
 
-from swirl_jax import paths
+from swirl_jax import errors, paths
 
 
-class UserError(Exception):
-  """A fault of the input or the machine, reported as one line (exit 2)."""
-
-
-class ConfigError(UserError, ValueError):
+class ConfigError(errors.UserError, ValueError):
   """A config argument or value that cannot be used."""
 
 
-# Errors of the disk rather than of the program: full, quota, read-only.
-_DISK_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
-                errno.EACCES: "not writable", errno.EROFS: "read-only",
-                errno.EPERM: "not permitted"}
-# Tensorstore (orbax) reports the OS error inside a ValueError's text.
-_OS_CODE = re.compile(r"os_error_code='(\d+)'")
+def check_keys(block, valid, what: str) -> None:
+  """ConfigError naming the keys of `block` not in `valid`, and the valid
+  ones (a misspelt key would otherwise be dropped silently)."""
+  unknown = sorted(set(block) - set(valid))
+  if unknown:
+    raise ConfigError(f"{what}: unknown key{'s' * (len(unknown) > 1)} "
+                      f"{', '.join(map(repr, unknown))}; valid: "
+                      f"{', '.join(sorted(valid))}")
 
 
-def disk_error(e: BaseException) -> str | None:
-  """'disk full: <path>: ...' when `e` is a disk fault, else None."""
-  code = getattr(e, "errno", None)
-  if code is None:
-    m = _OS_CODE.search(str(e))
-    code = int(m.group(1)) if m else None
-  if code not in _DISK_ERRNOS:
-    return None
-  where = getattr(e, "filename", None)
-  what = getattr(e, "strerror", None) or str(e).splitlines()[0][:300]
-  return f"{_DISK_ERRNOS[code]}: {where + ': ' if where else ''}{what}"
-
-
-def user_message(e: BaseException) -> str | None:
-  """The one line a user reads for a known user error, else None."""
-  if isinstance(e, UserError):
-    return str(e)
-  disk = disk_error(e)
-  if disk:
-    return disk
-  if isinstance(e, (FileNotFoundError, NotADirectoryError)):
-    return str(e)
-  # Loaders' own error types (tokenizer, checkpoint files) name the file.
-  if type(e).__name__ in ("TokenizerError", "CheckpointError"):
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-  return None
-
-
-def check_writable(workdir: str) -> None:
-  """Creates `workdir` and writes a byte there, or raises UserError."""
-  path = pathlib.Path(workdir)
-  probe = path / ".write_test"
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-    with open(probe, "wb") as f:
-      f.write(b"0")
-      f.flush()
-      os.fsync(f.fileno())
-  except OSError as e:
-    why = disk_error(e) or f"{e.strerror or e}"
-    raise UserError(f"workdir {workdir} is not usable ({why})") from e
-  finally:
-    try:
-      probe.unlink()
-    except OSError:
-      pass
+def from_config(cls, block):
+  """`cls(**block)` for a dataclass; unknown keys raise ConfigError, lists
+  become tuples (frozen configs stay hashable)."""
+  block = dict(block)
+  check_keys(block, [f.name for f in dataclasses.fields(cls)], cls.__name__)
+  return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else v
+                for k, v in block.items()})
 
 
 def _cast(name: str, value: str, default):

@@ -10,7 +10,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from swirl_jax import jobs
+from swirl_jax import errors, jobs
 
 config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with ':args'.", lock_config=True)
@@ -35,42 +35,37 @@ def _is_multiprocess() -> bool:
 
 
 def _quiet_orbax(record) -> bool:
-  """Drops orbax's INFO lines and its threads' error dumps (the error is
-  raised again in the main thread and reported there)."""
+  """Drops the checkpoint library's INFO lines, and its threads' reports of
+  an error that is raised again in the main thread (and reported there)."""
   if "/orbax/" not in record.pathname:
     return True
-  if record.levelno < 30:
-    return False
-  return "raised an exception" not in str(record.msg)
+  if record.levelno < logging.WARNING:
+    return flags.FLAGS.checkpoint_info
+  return flags.FLAGS.traceback or not (
+      record.exc_info or "raised an exception" in str(record.msg))
 
 
-def _warn_ignored_presets(config) -> None:
+def _warn_ignored_presets(config, overrides) -> None:
   """`--config.X.preset=` does nothing when X.checkpoint is set."""
-  for arg in sys.argv[1:]:
-    name = arg.split("=", 1)[0]
-    if not (name.startswith("--config.") and name.endswith(".preset")):
-      continue
+  for key, value in overrides.items():
     block = config
-    for key in name[len("--config."):-len(".preset")].split("."):
-      block = block.get(key) if hasattr(block, "get") else None
-    if block is not None and block.get("checkpoint"):
-      logging.warning("%s is ignored: the model comes from checkpoint %r, "
-                      "which holds its own architecture", arg,
-                      block.checkpoint)
+    for part in key.split(".")[:-1]:
+      block = block.get(part) if hasattr(block, "get") else None
+    if key.endswith(".preset") and block is not None and \
+        block.get("checkpoint"):
+      logging.warning("--config.%s=%s is ignored: the model comes from "
+                      "checkpoint %r, which holds its own architecture", key,
+                      value, block.checkpoint)
 
 
-def _run_job(job, config, workdir):
-  from swirl_jax import config_lib  # pylint: disable=g-import-not-at-top
-  try:
-    config_lib.check_writable(workdir)
-    _warn_ignored_presets(config)
-    return job(config, workdir)
-  except Exception as e:  # pylint: disable=broad-except
-    msg = config_lib.user_message(e)
-    if msg is None or flags.FLAGS.traceback:
-      raise
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
+def _fail(line: str) -> None:
+  """Ends the process: `error: <line>` on stderr, exit status 2."""
+  logging.flush()
+  sys.stdout.flush()
+  print(f"error: {line}", file=sys.stderr, flush=True)
+  # Not sys.exit: the checkpoint library's background threads would print
+  # their own reports of the same fault after this line while exiting.
+  os._exit(2)  # pylint: disable=protected-access
 
 
 def main(argv):
@@ -83,14 +78,22 @@ def main(argv):
     job = jobs.get(config.get("job", ""))
   except OSError as e:  # ml_collections defers a failed config load.
     lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-    sys.exit(f"error: cannot load --config: {lines[-1] if lines else e}")
+    _fail(f"cannot load --config: {lines[-1] if lines else e}")
   except KeyError as e:
-    sys.exit(f"error: {e.args[0]}")
-  if not flags.FLAGS.checkpoint_info:
-    logging.get_absl_handler().addFilter(_quiet_orbax)
+    _fail(e.args[0])
+  logging.get_absl_handler().addFilter(_quiet_orbax)
   logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
                workdir, jax.process_count(), jax.device_count())
-  _run_job(job, config, workdir)
+  try:
+    errors.check_writable(workdir)
+    _warn_ignored_presets(
+        config, config_flags.get_override_values(flags.FLAGS["config"]))
+    job(config, workdir)
+  except Exception as e:  # pylint: disable=broad-except
+    line = errors.one_line(e)
+    if line is None or flags.FLAGS.traceback:
+      raise
+    _fail(line)
 
 
 def _parse_flags(argv):
@@ -101,8 +104,8 @@ def _parse_flags(argv):
     text = str(e).replace("\\n", "\n")
     lines = [l.strip().strip("'\"") for l in text.splitlines() if l.strip()]
     if isinstance(e, (KeyError, AttributeError)):  # --config.bad.key=...
-      sys.exit(f"error: unknown config key {' '.join(lines)}")
-    sys.exit(f"error: {lines[-1] if lines else type(e).__name__}")
+      _fail(f"unknown config key {' '.join(lines)}")
+    _fail(lines[-1] if lines else type(e).__name__)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@ def load_policy(model_cfg, mesh=None, rules=shd.DEFAULT_RULES, seed: int = 0):
   over = dict(dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype,
               remat=model_cfg.get("remat", "none"))
   ckpt = _resolve(model_cfg.checkpoint)
+  if ckpt and not os.path.exists(ckpt):
+    raise hf_io.CheckpointError(f"{ckpt}: checkpoint is missing (a .gguf "
+                                "file or a Hugging Face directory)")
   tok_spec = model_cfg.get("tokenizer", "") or model_cfg.checkpoint or \
       "bundled"
   # One GGUF parse serves the weights and, when it is the same file, the
