@@ -77,5 +77,4 @@ def check_writable(workdir: str) -> None:
       os.fsync(f.fileno())
     probe.unlink()
   except OSError as e:
-    why = disk_error(e) or f"{e.strerror or e}"
-    raise UserError(f"workdir {workdir} is not usable: {why}") from e
+    raise UserError(f"workdir {workdir}: {e.strerror or e}") from e

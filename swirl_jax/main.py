@@ -1,6 +1,7 @@
 """Entry point: `python -m swirl_jax.main --config=configs/x.py[:args]
 --workdir=DIR [--config.a.b=v]`. Dispatches on `config.job`."""
 
+import logging as py_logging
 import os
 import sys
 
@@ -39,10 +40,18 @@ def _quiet_orbax(record) -> bool:
   an error that is raised again in the main thread (and reported there)."""
   if "/orbax/" not in record.pathname:
     return True
-  if record.levelno < logging.WARNING:
+  if record.levelno < py_logging.WARNING:  # absl's WARNING is another scale.
     return flags.FLAGS.checkpoint_info
   return flags.FLAGS.traceback or not (
       record.exc_info or "raised an exception" in str(record.msg))
+
+
+def _quiet_unraisable(u) -> None:
+  """Drops tensorstore's callbacks into the event loop orbax closed after a
+  failed write (each prints a traceback; the write's error is reported)."""
+  if u.exc_type is RuntimeError and str(u.exc_value) == "Event loop is closed":
+    return
+  sys.__unraisablehook__(u)
 
 
 def _warn_ignored_presets(config, overrides) -> None:
@@ -82,6 +91,8 @@ def main(argv):
   except KeyError as e:
     _fail(e.args[0])
   logging.get_absl_handler().addFilter(_quiet_orbax)
+  if not flags.FLAGS.traceback:
+    sys.unraisablehook = _quiet_unraisable
   logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
                workdir, jax.process_count(), jax.device_count())
   try:
