@@ -121,6 +121,20 @@ def test_missing_data_file_names_the_fetch_command(cli, workdir, tmp_path):
   assert _snapshot(workdir) == before
 
 
+def test_truncated_data_file_names_file_and_line(cli, workdir, tmp_path):
+  data = tmp_path / "data"
+  (data / "gsm8k").mkdir(parents=True)
+  (data / "gsm8k" / "train.jsonl").write_text(
+      '{"question": "What is 2+2?", "answer": "#### 4"}\n{"question": "Wh')
+  before = _snapshot(workdir)
+  code, err = cli("--config=configs/swirl_gsm8k.py:runlocal",
+                  "--config.job=swirl_stage1",
+                  f"--config.data.data_dir={data}", f"--workdir={workdir}")
+  _assert_one_line_error(code, err, f"{data}/gsm8k/train.jsonl:2: bad JSON "
+                         "(Unterminated string starting at column 14)")
+  assert _snapshot(workdir) == before
+
+
 def test_missing_checkpoint(cli, workdir, tmp_path):
   before = _snapshot(workdir)
   gone = tmp_path / "no_model"
