@@ -53,6 +53,7 @@ def cli(monkeypatch, capsys):
   """run(*args) -> (status, stderr) of `python -m swirl_jax.main *args`."""
   monkeypatch.chdir(REPO)
   monkeypatch.setattr(main.os, "_exit", _raise_exit)
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # Restored.
 
   def run(*args):
     capsys.readouterr()
@@ -67,7 +68,9 @@ def cli(monkeypatch, capsys):
       _unparse()
     return code, capsys.readouterr().err
 
-  return run
+  yield run
+  quiet = main._quiet_orbax  # pylint: disable=protected-access
+  logging.get_absl_handler().removeFilter(quiet)
 
 
 def _snapshot(root: pathlib.Path) -> dict:
