@@ -4,7 +4,9 @@ r"""Answer one prompt with a loaded policy (greedy by default).
       --config.prompt="What is the capital of France?" --workdir=/tmp/chat
 
 Args after the colon: `model=<preset>` (default smollm2_135m, the bundled
-GGUF), `checkpoint=<path>` (a .gguf file or a Hugging Face directory).
+GGUF), `checkpoint=<path>` (a .gguf file or a Hugging Face directory). Any
+other preset without a checkpoint has random weights (the job warns: its
+reply is noise); with a checkpoint the preset is not read.
 """
 
 import ml_collections

@@ -9,7 +9,7 @@ README's code map lists them in the same order).
 __version__ = "0.1.0"
 
 LAYERS = (
-    ("paths",),
+    ("paths", "errors"),
     ("config_lib", "sharding", "jsonl", "shapes", "chips", "distributed"),
     ("tools",),  # Plain Python, no JAX.
     ("tasks",),  # Plain Python; answer checkers may use tool parsing.

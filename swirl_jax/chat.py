@@ -2,6 +2,8 @@
 
 import pathlib
 
+from absl import logging
+
 from swirl_jax.models import loading
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 
@@ -23,6 +25,10 @@ def reply(policy, prompt: str, *, system: str = "", max_new_tokens=64,
 
 def run(config, workdir: str) -> str:
   c = config
+  if not c.model.checkpoint:
+    logging.warning("model.checkpoint is empty: preset %r has random weights,"
+                    " so the reply is noise (give checkpoint=<.gguf file or "
+                    "Hugging Face directory>, or 'bundled')", c.model.preset)
   text = reply(loading.load_policy(c.model, seed=c.seed), c.prompt,
                system=c.system, max_new_tokens=c.max_new_tokens,
                temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,

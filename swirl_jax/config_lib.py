@@ -5,16 +5,36 @@
 typed values with `parse_arg`, which rejects unknown names.
 """
 
+import dataclasses
 import importlib.util
 import pathlib
 
 import ml_collections
 
-from swirl_jax import paths
+from swirl_jax import errors, paths
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.UserError, ValueError):
   """A config argument or value that cannot be used."""
+
+
+def check_keys(block, valid, what: str) -> None:
+  """ConfigError naming the keys of `block` not in `valid`, and the valid
+  ones (a misspelt key would otherwise be dropped silently)."""
+  unknown = sorted(set(block) - set(valid))
+  if unknown:
+    raise ConfigError(f"{what}: unknown key{'s' * (len(unknown) > 1)} "
+                      f"{', '.join(map(repr, unknown))}; valid: "
+                      f"{', '.join(sorted(valid))}")
+
+
+def from_config(cls, block):
+  """`cls(**block)` for a dataclass; unknown keys raise ConfigError, lists
+  become tuples (frozen configs stay hashable)."""
+  block = dict(block)
+  check_keys(block, [f.name for f in dataclasses.fields(cls)], cls.__name__)
+  return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else v
+                for k, v in block.items()})
 
 
 def _cast(name: str, value: str, default):

@@ -28,12 +28,14 @@ import logging
 import os
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from swirl_jax import errors
+
 # What a `parse` function raises for a record it cannot use.
 _RECORD_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError,
                   SyntaxError)
 
 
-class FormatError(ValueError):
+class FormatError(errors.UserError, ValueError):
   """A file whose content is not what it should be (`path:line: reason`)."""
 
 

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from swirl_jax import errors
 from swirl_jax.rollout.records import StepUnit
 
 PROCESS_SYSTEM = (
@@ -95,7 +96,7 @@ def outcome_chat(question: str, prediction: str, gold: str):
       gold=str(gold).strip())}]
 
 
-class JudgeError(RuntimeError):
+class JudgeError(errors.UserError, RuntimeError):
   """A judge failed for good: a request after its retries, a bad reply."""
 
 

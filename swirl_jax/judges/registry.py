@@ -42,7 +42,7 @@ _HTTP_KW = ("api_key_env", "max_concurrency", "requests_per_second",
 
 def _check_kind(kind: str, name: str) -> None:
   if kind not in KINDS:
-    raise ValueError(f"{name}.kind {kind!r}; valid: {KINDS}")
+    raise config_lib.ConfigError(f"{name}.kind {kind!r}; valid: {KINDS}")
 
 
 def default_config(kind: str = "http") -> ml_collections.ConfigDict:
@@ -55,18 +55,20 @@ def default_config(kind: str = "http") -> ml_collections.ConfigDict:
 
 
 def validate(config, name: str = "judge") -> None:
-  """Raises a one-line ValueError naming the first field `kind` lacks."""
+  """Raises a one-line ConfigError naming the first field `kind` lacks."""
   kind = config.get("kind")
   _check_kind(kind, name)
   for field in ("threshold", *_FIELDS[kind]()):
     if field not in config:
-      raise ValueError(f"{name}.{field} is missing (a {kind!r} judge reads "
-                       "it); build the block with judges.default_config()")
+      raise config_lib.ConfigError(
+          f"{name}.{field} is missing (a {kind!r} judge reads it); build "
+          "the block with judges.default_config()")
   if kind == "http":
     for field in ("base_url", "model_name"):
       if not config[field]:
-        raise ValueError(f"{name}.{field} is empty: an HTTP judge needs "
-                         f"it (--config.{name}.{field}=...)")
+        raise config_lib.ConfigError(
+            f"{name}.{field} is empty: an HTTP judge needs it "
+            f"(--config.{name}.{field}=...)")
 
 
 def make_judge(config, tasks: Sequence[Any] | None = None,

@@ -15,8 +15,10 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers
 from tokenizers import pre_tokenizers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from swirl_jax import errors
 
-class TokenizerError(ValueError):
+
+class TokenizerError(errors.UserError, ValueError):
   """A tokenizer file is unreadable, incomplete or of an unsupported kind."""
 
 

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from swirl_jax import errors
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig, from_hf_config, to_hf_config
@@ -23,7 +24,7 @@ from swirl_jax.models.config import ModelConfig, from_hf_config, to_hf_config
 Getter = Callable[[str], np.ndarray]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(errors.UserError, ValueError):
   """A checkpoint file is missing, unreadable or does not fit the model."""
 
 

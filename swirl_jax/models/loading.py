@@ -41,6 +41,11 @@ def load_policy(model_cfg, mesh=None, rules=shd.DEFAULT_RULES, seed: int = 0):
   over = dict(dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype,
               remat=model_cfg.get("remat", "none"))
   ckpt = _resolve(model_cfg.checkpoint)
+  if ckpt and not os.path.exists(ckpt):
+    raise hf_io.CheckpointError(f"{ckpt}: checkpoint is missing (a .gguf "
+                                "file or a Hugging Face directory)")
+  # A bad preset name fails before the tokenizer loads.
+  cfg = None if ckpt else presets.get_preset(model_cfg.preset, **over)
   tok_spec = model_cfg.get("tokenizer", "") or model_cfg.checkpoint or \
       "bundled"
   # One GGUF parse serves the weights and, when it is the same file, the
@@ -50,7 +55,6 @@ def load_policy(model_cfg, mesh=None, rules=shd.DEFAULT_RULES, seed: int = 0):
       tok_spec, reader if _resolve(tok_spec) == ckpt else None,
       model_cfg.get("chat_template_kwargs"))
   if not ckpt:
-    cfg = presets.get_preset(model_cfg.preset, **over)
     if cfg.vocab_size < tokenizer.vocab_size:
       cfg = cfg.replace(vocab_size=tokenizer.vocab_size)
     shardings = None

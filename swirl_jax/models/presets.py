@@ -1,5 +1,6 @@
 """Model presets by name. Shapes follow each model's published config.json."""
 
+from swirl_jax import config_lib
 from swirl_jax.models.config import (FULL, SLIDING, Llama3RopeScaling,
                                      ModelConfig)
 
@@ -91,5 +92,6 @@ PRESETS = {
 
 def get_preset(name: str, **overrides) -> ModelConfig:
   if name not in PRESETS:
-    raise ValueError(f"unknown model preset {name!r}; valid: {sorted(PRESETS)}")
+    raise config_lib.ConfigError(f"unknown model preset {name!r}; valid: "
+                                 f"{', '.join(sorted(PRESETS))}")
   return PRESETS[name]().replace(**overrides)

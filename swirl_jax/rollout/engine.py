@@ -33,6 +33,7 @@ import time
 import jax
 import numpy as np
 
+from swirl_jax import config_lib
 from swirl_jax.rollout import loop
 from swirl_jax.rollout.records import Turn
 from swirl_jax.sampling import decoding, slots
@@ -48,7 +49,7 @@ class EngineConfig:
 
   @classmethod
   def from_config(cls, c) -> "EngineConfig":
-    return cls(**{k: c[k] for k in dataclasses.asdict(cls()) if k in c})
+    return config_lib.from_config(cls, c)
 
 
 @dataclasses.dataclass

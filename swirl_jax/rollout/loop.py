@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from swirl_jax import config_lib
 from swirl_jax.rollout import prompts
 from swirl_jax.rollout.records import Trajectory, Turn
 from swirl_jax.tasks.records import Task
@@ -34,9 +35,14 @@ class RolloutConfig:
   top_p: float = 1.0
   seed: int = 0
 
+  def __post_init__(self):
+    if self.fmt not in parsing.FORMATS:
+      raise config_lib.ConfigError(f"unknown rollout format {self.fmt!r}; "
+                                   f"valid: {', '.join(parsing.FORMATS)}")
+
   @classmethod
   def from_config(cls, c) -> "RolloutConfig":
-    return cls(**{k: c[k] for k in dataclasses.asdict(cls()) if k in c})
+    return config_lib.from_config(cls, c)
 
 
 class ToolSet:

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from swirl_jax import config_lib
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
@@ -55,9 +56,7 @@ class SamplerConfig:
   @classmethod
   def from_config(cls, config) -> "SamplerConfig":
     """From a dict / ConfigDict; lists become tuples, unknown keys fail."""
-    kw = {k: tuple(v) if isinstance(v, (list, tuple)) else v
-          for k, v in dict(config).items()}
-    return cls(**kw)
+    return config_lib.from_config(cls, config)
 
 
 @dataclasses.dataclass

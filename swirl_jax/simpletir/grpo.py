@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from swirl_jax import config_lib
 from swirl_jax.ops import advantages as adv_lib
 from swirl_jax.rollout import batching, loop
 from swirl_jax.rollout.records import Trajectory
@@ -28,12 +29,8 @@ class GroupConfig:
 
   @classmethod
   def from_config(cls, c) -> "GroupConfig":
-    band = c.get("accuracy_band", (0.1, 0.9))
-    return cls(group_size=c.group_size, filter_void=c.filter_void,
-               mask_overlong=c.get("mask_overlong", True),
-               drop_zero_variance=c.get("drop_zero_variance", True),
-               accuracy_band=tuple(band) if band else None,
-               use_std=c.get("use_std", True))
+    g = config_lib.from_config(cls, c)
+    return g if g.accuracy_band else dataclasses.replace(g, accuracy_band=None)
 
 
 def select_rows(trajs: Sequence[Trajectory], g: GroupConfig):

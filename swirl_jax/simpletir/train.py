@@ -43,6 +43,9 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   sampler (tests replay scripted turns through the real sandbox)."""
   c = config
   work = pathlib.Path(workdir)
+  # Bad rollout or group settings fail here, before any data or model work.
+  rollout_cfg = loop_lib.RolloutConfig.from_config(c.rollout)
+  groups = grpo.GroupConfig.from_config(c.grpo)
   tasks = datasets.load_tasks(c.data.train, c.data.get("train_split"),
                               c.data.get("data_dir") or None,
                               c.data.get("train_limit") or None)
@@ -58,9 +61,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))
   sampler = make_sampler(trainer.policy_params(), cfg, tok)
-  rollout = loop_lib.RolloutLoop(sampler, tok, tools,
-                                 loop_lib.RolloutConfig.from_config(c.rollout))
-  groups = grpo.GroupConfig.from_config(c.grpo)
+  rollout = loop_lib.RolloutLoop(sampler, tok, tools, rollout_cfg)
   start = trainer.data_pos
   ok = False
   try:

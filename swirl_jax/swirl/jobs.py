@@ -21,7 +21,7 @@ import ml_collections
 import tqdm
 from absl import logging
 
-from swirl_jax import judges, warmstart
+from swirl_jax import config_lib, judges, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
@@ -344,16 +344,33 @@ def _stage_list(stages) -> list[str]:
   return [s.strip() for part in stages for s in part.split(",") if s.strip()]
 
 
+def _check(c, stages) -> None:
+  """Fails on a misspelt stage, filter or judge before any stage runs."""
+  for what, value, valid in (
+      [("SWiRL stage", s, STAGES) for s in stages] +
+      [("filter strategy", c.filter.strategy, filters.STRATEGIES),
+       ("filter granularity", c.filter.granularity, filters.GRANULARITIES)]):
+    if value not in valid:
+      raise config_lib.ConfigError(f"unknown {what} {value!r}; valid: "
+                                   f"{', '.join(valid)}")
+  for name, users in (("judge", {"filter", "eval"}), ("reward", {"rl"})):
+    if users & set(stages):
+      judges.validate(c[name], name)
+
+
 def run_pipeline(config, workdir):
-  for stage in _stage_list(config.stages):
-    if stage not in _RUN:
-      raise ValueError(f"unknown SWiRL stage {stage!r}; valid: {STAGES}")
+  stages = _stage_list(config.stages)
+  _check(config, stages)
+  for stage in stages:
     logging.info("SWiRL stage %s", stage)
     _RUN[stage](config, workdir)
 
 
 def stage_job(stage: str):
-  return lambda config, workdir: _RUN[stage](config, workdir)
+  def run(config, workdir):
+    _check(config, [stage])
+    return _RUN[stage](config, workdir)
+  return run
 
 
 run_warmstart_job = stage_job("warmstart")

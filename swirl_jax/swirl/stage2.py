@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from swirl_jax import config_lib
 from swirl_jax.ops import advantages as adv_lib
 from swirl_jax.rollout import batching
 from swirl_jax.rollout.records import StepUnit
@@ -32,7 +33,7 @@ class Stage2Config:
 
   @classmethod
   def from_config(cls, c) -> "Stage2Config":
-    return cls(**{k: c[k] for k in dataclasses.asdict(cls()) if k in c})
+    return config_lib.from_config(cls, c)
 
 
 @dataclasses.dataclass

@@ -46,7 +46,7 @@ import huggingface_hub
 import pyarrow
 import pyarrow.parquet as pq
 
-from swirl_jax import jsonl
+from swirl_jax import errors, jsonl
 from swirl_jax.tasks import datasets
 
 MANIFEST = "manifest.json"
@@ -73,7 +73,7 @@ SOURCES = {
 }
 
 
-class DownloadError(OSError):
+class DownloadError(errors.UserError, OSError):
   """A Hub file that could not be fetched (one-line message)."""
 
 

@@ -13,7 +13,7 @@ this package never imports `tasks`.
 import contextlib
 from typing import Callable
 
-from swirl_jax import paths
+from swirl_jax import config_lib, paths
 from swirl_jax.tools import calculator, sandbox, search
 
 # A tool takes a batch of arguments and returns one observation text each.
@@ -96,11 +96,15 @@ def build_tools(names, *, search_corpus: str = "", search_k: int = 3,
       out[name] = lambda codes, box=box: [
           sandbox.format_observation(r) for r in box.run_batch(codes)]
     else:
-      raise ValueError(f"unknown tool {name!r}; valid: {', '.join(TOOLS)}")
+      raise config_lib.ConfigError(f"unknown tool {name!r}; valid: "
+                                   f"{', '.join(TOOLS)}")
   return out
 
 
 def from_config(c, data_dir: str | None = None, cache_dir=None):
+  config_lib.check_keys(c, ("names", "search_corpus", "search_k",
+                            "sandbox_timeout_s", "sandbox_memory_mb"),
+                        "tools")
   return build_tools(tuple(c.names), search_corpus=c.get("search_corpus", ""),
                      search_k=c.get("search_k", 3), data_dir=data_dir,
                      cache_dir=cache_dir,

@@ -27,13 +27,14 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from swirl_jax import errors
 from swirl_jax.models import hf_io
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.training import lora
 from swirl_jax.training.state import TrainState
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(errors.UserError, RuntimeError):
   """No usable checkpoint where one was expected."""
 
 
