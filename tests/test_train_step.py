@@ -15,6 +15,7 @@ import pytest
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models import presets
+from swirl_jax.training import lora
 from swirl_jax.training import optimizer
 from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
@@ -267,8 +268,10 @@ def test_policy_params_merge_compiles_once(tmp_path):
                        checkpoint_every=1000, tensorboard=False)
   cfg = presets.get_preset("tiny")
   t = trainer.Trainer(config, str(tmp_path), cfg, params=host_params(cfg))
-  merged = [t.policy_params() for _ in range(3)]
-  assert t._merge._cache_size() == 1  # pylint: disable=protected-access
+  merged = [t.policy_params()]
+  size = lora._merge._cache_size()  # pylint: disable=protected-access
+  merged += [t.policy_params() for _ in range(2)]
+  assert lora._merge._cache_size() == size  # pylint: disable=protected-access
   want = jax.device_get(t.state.frozen)["layers"]["attn"]["q"]
   np.testing.assert_allclose(merged[-1]["layers"]["attn"]["q"], want)
   t.close(save=False)
