@@ -13,7 +13,9 @@ per-device memory from `compiled.memory_analysis()` (arguments,
 temporaries, peak) against the chip's HBM (swirl_jax/chips.py), the verdict
 (peak <= `fit.hbm_fraction` of HBM), the knob to turn when it does not
 fit, and last one JSON line. The sampler's figure adds the train state,
-which stays on the devices while rollouts run.
+which stays on the devices while rollouts run. Every training job runs the
+same measurement against its real devices before it loads weights
+(`fit_programs.check_devices`, from swirl_jax/jobs.py).
 
 XLA:CPU's buffer assignment stands in for the accelerator's, so treat the
 figures as estimates. `fit.num_layers_override` = n compiles stand-ins of n
@@ -32,27 +34,12 @@ import ml_collections
 
 from swirl_jax import chips, fit_programs
 
-GIB = 1 << 30
 _CHILD_ENV = "SWIRL_JAX_FIT_CHILD"
 _BACKEND = {"v4": "tpu", "v5e": "tpu", "v5p": "tpu", "v6e": "tpu",
             "a100": "gpu", "h100": "gpu", "h200": "gpu"}
 
 
-def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      chip="h100", devices=8,
-      num_layers_override=0,  # > 0: extrapolate from n and n + 1 layers.
-      train_block="",  # '' = the first of train, rl_train, sft_train.
-      train_rows=0,  # 0 = the block's mini_batch_size.
-      seq_len=0,  # 0 = max_seq_len, stage2.max_len or the cache length.
-      sampler_rows=64,  # rows of one generate call.
-      prompt_len=1024, decode_steps=1024,
-      # 'target': what the chip runs, compiled here as a stand-in of the
-      # same memory: TPU splash, or for cuDNN's flash attention (GPUs) the
-      # splash kernel too, both in Pallas' interpreter; Gemma 2 on a GPU
-      # (soft-cap: no cuDNN) the block attention. Or any attention_impl.
-      attention_impl="target",
-      hbm_fraction=0.9))
+default_config = fit_programs.default_config
 
 
 def run(config, workdir: str) -> None:
@@ -77,35 +64,15 @@ def run(config, workdir: str) -> None:
              f"({proc.returncode})")
 
 
-def _memory(compiled) -> dict:
-  m = compiled.memory_analysis()
-  # XLA:CPU's peak_memory_in_bytes leaves the temporaries out: add them up.
-  peak = (m.argument_size_in_bytes + m.temp_size_in_bytes
-          + m.output_size_in_bytes - m.alias_size_in_bytes)
-  return dict(args=m.argument_size_in_bytes / GIB,
-              temp=m.temp_size_in_bytes / GIB, peak=peak / GIB)
-
-
-def _extrapolate(at_n: dict, at_n1: dict, n: int, depth: int) -> dict:
-  return {k: at_n[k] + (depth - n) * (at_n1[k] - at_n[k]) for k in at_n}
-
-
 def measure(config) -> dict:
   """Compiles and measures (in a process whose devices are the fake ones)."""
   f = config.fit
   chip = chips.get(f.chip)
-  setup = fit_programs.Setup(config, _BACKEND[f.chip])
-  depth, n = setup.model_cfg.num_layers, int(f.num_layers_override)
-  if n > 0:
-    at = [fit_programs.measure_all(setup, layers, _memory)
-          for layers in (n, n + 1)]
-    figs = {k: _extrapolate(at[0][k], at[1][k], n, depth) for k in at[0]}
-  else:
-    figs = fit_programs.measure_all(setup, depth, _memory)
-  sampler = max(figs["prefill"]["peak"], figs["decode"]["peak"])
-  sampler_peak = figs["state"]["args"] + sampler
+  setup, figs = fit_programs.measure(config, _BACKEND[f.chip])
+  train_peak, sampler_peak = fit_programs.peaks(figs)
   limit = float(f.hbm_fraction) * chip.hbm_gib
-  train_peak = figs["train"]["peak"]
+  n = int(f.num_layers_override)
+  n = n if n < setup.model_cfg.num_layers else 0  # Else: the real depth.
   return dict(job="fit", chip=chip.name, devices=int(f.devices),
               train_peak_gib=round(train_peak, 2),
               sampler_peak_gib=round(sampler_peak, 2),

@@ -5,12 +5,17 @@ the jobs do, with its 'auto' fields resolved for the target backend;
 `measure_all` lowers and compiles the train step, the sampler's prefill and
 its decode loop from `jax.ShapeDtypeStruct`s carrying their shardings, so
 nothing the size of a weight is ever allocated.
+
+`check_devices` is the same measurement against the real devices, run
+before a training job loads its weights (see swirl_jax/jobs.py).
 """
 
+import logging
 import math
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from swirl_jax import sharding as shd
@@ -21,6 +26,25 @@ from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
 
 TRAIN_BLOCKS = ("train", "rl_train", "sft_train")
+GIB = 1 << 30
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """`config.fit`: the fit job's fields (swirl_jax/fit.py)."""
+  return ml_collections.ConfigDict(dict(
+      chip="h100", devices=8,
+      num_layers_override=0,  # > 0: extrapolate from n and n + 1 layers.
+      train_block="",  # '' = the first of train, rl_train, sft_train.
+      train_rows=0,  # 0 = the block's mini_batch_size.
+      seq_len=0,  # 0 = max_seq_len, stage2.max_len or the cache length.
+      sampler_rows=64,  # rows of one generate call.
+      prompt_len=1024, decode_steps=1024,
+      # 'target': what the chip runs, compiled here as a stand-in of the
+      # same memory: TPU splash, or for cuDNN's flash attention (GPUs) the
+      # splash kernel too, both in Pallas' interpreter; Gemma 2 on a GPU
+      # (soft-cap: no cuDNN) the block attention. Or any attention_impl.
+      attention_impl="target",
+      hbm_fraction=0.9))
 
 
 class Setup:
@@ -219,3 +243,95 @@ def measure_all(setup: Setup, layers: int, memory_fn) -> dict:
   train, state = measure_train(setup, cfg, memory_fn)
   prefill, decode = measure_sampler(setup, cfg, memory_fn)
   return dict(train=train, state=state, prefill=prefill, decode=decode)
+
+
+def memory(compiled) -> dict:
+  """Per-device GiB (args, temp, peak) of a compiled program."""
+  m = compiled.memory_analysis()
+  # XLA:CPU's peak_memory_in_bytes leaves the temporaries out: add them up.
+  peak = (m.argument_size_in_bytes + m.temp_size_in_bytes
+          + m.output_size_in_bytes - m.alias_size_in_bytes)
+  return dict(args=m.argument_size_in_bytes / GIB,
+              temp=m.temp_size_in_bytes / GIB, peak=peak / GIB)
+
+
+def _extrapolate(at_n: dict, at_n1: dict, n: int, depth: int) -> dict:
+  return {k: at_n[k] + (depth - n) * (at_n1[k] - at_n[k]) for k in at_n}
+
+
+def measure(config, backend: str) -> tuple[Setup, dict]:
+  """`(setup, figures)`: `measure_all` at the real depth, or with
+  `fit.num_layers_override` = n (0 < n < depth) at n and n + 1 layers,
+  extrapolated linearly to the real depth (scanned layers make memory
+  linear in it)."""
+  setup = Setup(config, backend)
+  depth, n = setup.model_cfg.num_layers, int(config.fit.num_layers_override)
+  if n <= 0 or n >= depth:
+    return setup, measure_all(setup, depth, memory)
+  at = [measure_all(setup, layers, memory) for layers in (n, n + 1)]
+  return setup, {k: _extrapolate(at[0][k], at[1][k], n, depth)
+                 for k in at[0]}
+
+
+def peaks(figs: dict) -> tuple[float, float]:
+  """(train step, sampler) per-device peak GiB; the sampler's adds the
+  train state, which stays on the devices while rollouts run."""
+  sampler = max(figs["prefill"]["peak"], figs["decode"]["peak"])
+  return figs["train"]["peak"], figs["state"]["args"] + sampler
+
+
+# ------------------------------------------------------ the pre-run check
+
+
+class DoesNotFit(RuntimeError):
+  """A training job's programs need more memory than its devices have."""
+
+
+def device_memory_limit() -> int | None:
+  """Bytes one device may allocate, as its backend reports it (None where
+  it reports none, e.g. a CPU)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("bytes_limit") or None
+
+
+def _check_config(config, block: str, layers: int):
+  """`config` with a fit block for `block` on the real devices: the
+  config's own fit sizes if it has them, the model's attention_impl, and
+  stand-ins of `layers` and `layers` + 1 layers (cheap to compile)."""
+  c = ml_copy(config)
+  fit = default_config()
+  fit.update(dict((config.get("fit") or {}).items()))
+  fit.train_block = block
+  if fit.attention_impl == "target":
+    fit.attention_impl = config.model.get("attention_impl", "auto")
+  fit.num_layers_override = int(fit.num_layers_override) or layers
+  c.fit = fit
+  return c
+
+
+def check_devices(config, blocks, layers: int = 2) -> None:
+  """Compiles the train step of each of `blocks` in `config` (and the
+  sampler, when the config has a `sampler` block) for the real devices and
+  raises `DoesNotFit`, with the fit job's figures and knobs in one line,
+  when a per-device peak exceeds what the device may allocate. A backend
+  that reports no limit (a CPU) is skipped, with a log line."""
+  limit = device_memory_limit()
+  backend = jax.default_backend()
+  if limit is None:
+    logging.info("fit check skipped: the %s devices report no memory limit",
+                 backend)
+    return
+  limit_gib = limit / GIB
+  for block in (b for b in blocks if b in config):
+    setup, figs = measure(_check_config(config, block, layers), backend)
+    train, sampler = peaks(figs)
+    sampler = sampler if "sampler" in config else 0.0
+    logging.info("fit check %s: train peak %.4g GiB, sampler peak %.4g GiB, "
+                 "device limit %.4g GiB", block, train, sampler, limit_gib)
+    if train > limit_gib or sampler > limit_gib:
+      knobs = setup.knobs(train > limit_gib, sampler > limit_gib)
+      raise DoesNotFit(
+          f"{block} does not fit {jax.device_count()} x {backend} "
+          f"({limit_gib:.4g} GiB a device): train peak {train:.4g} GiB, "
+          f"sampler peak (with the state) {sampler:.4g} GiB; "
+          + "; ".join(f"knob: {k}" for k in knobs))

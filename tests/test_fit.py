@@ -2,13 +2,14 @@
 real width, extrapolated to full depth), and the 'auto' defaults."""
 
 import json
+import logging
 import os
 
 import ml_collections
 import pytest
 
-from swirl_jax import config_lib, fit
-from swirl_jax.training import defaults
+from swirl_jax import config_lib, fit, fit_programs, jobs
+from swirl_jax.training import defaults, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1 << 30
@@ -83,3 +84,74 @@ def test_micro_batches_from_token_budget():
   assert defaults.micro_batches_for(c, 4, 16, 1) == 1
   c.micro_batches = 4
   assert defaults.micro_batches_for(c, 128, 16384, 8) == 4
+
+
+# ------------------------------------------------------ the pre-run check
+
+JOB_CALLS = []
+
+
+def _record_job(config, workdir):
+  JOB_CALLS.append(workdir)
+
+
+def tiny_job_config() -> ml_collections.ConfigDict:
+  """A SimpleTIR-shaped job config of the tiny model."""
+  c = ml_collections.ConfigDict()
+  c.model = config_lib.model_config("tiny")
+  c.train = trainer.default_config()
+  c.train.mini_batch_size = 4
+  c.max_seq_len = 32
+  c.sampler = dict(max_cache_len=64)
+  c.fit = fit.default_config()
+  c.fit.update(sampler_rows=4, prompt_len=16, decode_steps=4)
+  return c
+
+
+@pytest.fixture
+def recorded_job(monkeypatch):
+  JOB_CALLS.clear()
+  monkeypatch.delenv("SWIRL_JAX_SKIP_FIT_CHECK", raising=False)
+  monkeypatch.setitem(jobs.JOBS, "simpletir_train", "test_fit:_record_job")
+  return jobs.get("simpletir_train")
+
+
+def test_training_job_fails_early_when_it_does_not_fit(recorded_job,
+                                                        monkeypatch):
+  monkeypatch.setattr(fit_programs, "device_memory_limit", lambda: 1 << 20)
+  with pytest.raises(SystemExit) as e:
+    recorded_job(tiny_job_config(), "workdir")
+  msg = str(e.value)
+  assert "\n" not in msg and msg.startswith("error: train does not fit "), msg
+  assert "(0.0009766 GiB a device): train peak" in msg
+  assert "knob: fit.devices up" in msg and "SWIRL_JAX_SKIP_FIT_CHECK" in msg
+  assert not JOB_CALLS  # Nothing ran: no weights were loaded.
+  # Skipped on request: the job runs.
+  monkeypatch.setenv("SWIRL_JAX_SKIP_FIT_CHECK", "1")
+  recorded_job(tiny_job_config(), "workdir")
+  assert JOB_CALLS == ["workdir"]
+
+
+def test_training_job_runs_when_it_fits(recorded_job, monkeypatch, caplog):
+  monkeypatch.setattr(fit_programs, "device_memory_limit", lambda: 1 << 36)
+  with caplog.at_level(logging.INFO):
+    recorded_job(tiny_job_config(), "workdir")
+  assert JOB_CALLS == ["workdir"]
+  line = next(r.getMessage() for r in caplog.records
+              if r.getMessage().startswith("fit check train"))
+  train = float(line.split("train peak ")[1].split()[0])
+  assert 0 < train < 0.1, line  # Tiny: its state is well under 1 MiB.
+
+
+def test_fit_check_is_skipped_without_a_device_limit(recorded_job,
+                                                     monkeypatch, caplog):
+  """A CPU reports no limit: no program is compiled, one log line."""
+  def fail(*args):
+    raise AssertionError("measured without a limit")
+  monkeypatch.setattr(fit_programs, "measure", fail)
+  with caplog.at_level(logging.INFO):
+    recorded_job(tiny_job_config(), "workdir")
+  assert JOB_CALLS == ["workdir"]
+  assert any("fit check skipped: the cpu devices report no memory limit"
+             in r.getMessage() for r in caplog.records)
+  assert jobs.get("simpletir_eval") is not None  # Not a training job.

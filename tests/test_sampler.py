@@ -22,7 +22,9 @@ import torch
 import transformers
 
 import hf_models
+from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, hf_io
+from swirl_jax.training import lora
 from swirl_jax.sampling import distribution, stops
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 
@@ -398,6 +400,7 @@ _MESH_SCRIPT = textwrap.dedent("""
     from jax.sharding import PartitionSpec as P
     from swirl_jax import sharding as shd
     from swirl_jax.models import hf_io
+    from swirl_jax.training import lora
     from swirl_jax.sampling.sampler import Sampler, SamplerConfig
     path, want = sys.argv[1], json.loads(sys.argv[2])
     mesh = shd.make_mesh([("data", 4), ("fsdp", 1), ("tensor", 2)])
@@ -415,17 +418,57 @@ _MESH_SCRIPT = textwrap.dedent("""
     state = s.extend(res.state, [[1, 2], [3], [], [4, 5, 6]])
     more = s.generate(state=state, max_new_tokens=5)
     assert all(len(t) == 5 for t in more.tokens)
+    # LoRA: adapters sharded as the trainer holds them, merged on the mesh
+    # (the trainer's policy_params), sampled with the same programs.
+    sys.path.insert(0, "tests")
+    from test_sampler import lora_adapters
+    adapters, lora_cfg, shardings = lora_adapters(cfg, params, mesh)
+    adapters = jax.device_put(adapters, shardings)
+    merged = lora.merge(params, adapters, lora_cfg)
+    for w, base in zip(jax.tree.leaves(merged), jax.tree.leaves(params)):
+      assert w.sharding.is_equivalent_to(base.sharding, w.ndim), w.sharding
+    s.params = merged
+    res = s.generate(want["prompts"], **want["kw"])
+    assert res.tokens == want["lora_tokens"], (res.tokens, want["lora_tokens"])
     print("OK", err)
 """)
 
 
+def lora_adapters(cfg, params, mesh=None):
+  """Rank-4 adapters with nonzero `b` (seeded), the LoRA config and, on a
+  mesh, the adapters' shardings."""
+  lora_cfg = lora.default_config()
+  lora_cfg.rank, lora_cfg.alpha = 4, 8.0
+  rng = np.random.default_rng(3)
+  adapters = jax.tree.map(
+      lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32),
+      jax.eval_shape(lambda p: lora.init_adapters(p, lora_cfg,
+                                                  jax.random.key(0)), params))
+  if mesh is None:
+    return adapters, lora_cfg, None
+  axes = lora.logical_axes(decoder.param_logical_axes(cfg), lora_cfg)
+  return adapters, lora_cfg, shd.tree_shardings(axes, adapters, mesh)
+
+
 def test_sharded_sampler_on_fake_mesh(qwen):
+  """data x tensor against one device, the base model and LoRA merged.
+  (Sampling always attends over the KV cache with `attention.attend`:
+  `attention_impl` only picks the no-cache path, so it has no case here.)"""
   prompts = _prompts([5, 12, 9, 2], seed=10)
   kw = dict(max_new_tokens=16, temperature=0.9, top_k=20, seed=5)
   res = qwen["sampler"].generate(prompts, **kw)
+  adapters, lora_cfg, _ = lora_adapters(qwen["cfg"], qwen["params"])
+  sampler = qwen["sampler"]
+  sampler.params = lora.merge(qwen["params"], adapters, lora_cfg)
+  try:  # The trainer's swap of weights: the same programs.
+    lora_res = sampler.generate(prompts, **kw)
+  finally:
+    sampler.params = qwen["params"]
+  assert lora_res.tokens != res.tokens  # The adapters change the samples.
   config = dataclasses.asdict(TINY_CONFIG)
   want = dict(config=config, prompts=prompts, kw=kw, tokens=res.tokens,
-              logprobs=[lp.tolist() for lp in res.logprobs])
+              logprobs=[lp.tolist() for lp in res.logprobs],
+              lora_tokens=lora_res.tokens)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              PYTHONPATH=os.pathsep.join(
                  [os.path.dirname(os.path.dirname(__file__)),

@@ -15,6 +15,7 @@ import pytest
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models import presets
+from swirl_jax.training import lora
 from swirl_jax.training import optimizer
 from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
@@ -206,6 +207,17 @@ def test_each_loss_kind_runs(kind):
     assert m["loss"] == pytest.approx(np.log(256), rel=0.05)
 
 
+# (LoRA rank, attention_impl, mesh) of each sharded run, checked against
+# the run of that rank on one device with the block attention. Splash is left out: at the 128 tokens it
+# needs, Pallas' interpreter makes a train step take minutes on a CPU;
+# test_attention_impl.py checks it on a mesh (values and gradients).
+MESH_CASES = [
+    (0, "xla_blocks", [("data", 1), ("fsdp", 4), ("tensor", 2)]),
+    (4, "xla_blocks", [("data", 2), ("fsdp", 2), ("tensor", 2)]),
+    (0, "dot_product", [("data", 2), ("fsdp", 2), ("tensor", 2)]),
+    (4, "dot_product", [("data", 4), ("fsdp", 1), ("tensor", 2)]),
+]
+
 _MESH_SCRIPT = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -216,50 +228,62 @@ _MESH_SCRIPT = textwrap.dedent("""
     from swirl_jax import sharding as shd
     from swirl_jax.training import optimizer, state as state_lib
     from swirl_jax.training import step as step_lib
-    from test_train_step import FAST_COMPILE, host_params, make_batch
-    from test_train_step import make_config
+    from test_train_step import FAST_COMPILE, MESH_CASES, host_params
+    from test_train_step import make_batch, make_config
     from swirl_jax.models import presets
 
-    cfg = presets.get_preset("tiny")
-    params = host_params(cfg)
-    config = make_config(micro_batches=2)
-    tx, sched = optimizer.make_optimizer(config.optim, 10)
-    out = {}
-    for name, spec, devs in [
-        ("one", [("data", 1), ("fsdp", 1), ("tensor", 1)], jax.devices()[:1]),
-        ("mesh", [("data", 1), ("fsdp", 4), ("tensor", 2)], jax.devices())]:
+    params = host_params(presets.get_preset("tiny"))
+
+    def run(rank, impl, spec, devs):
+      cfg = presets.get_preset("tiny", attention_impl=impl)
+      config = make_config(micro_batches=2, lora__rank=rank)
+      tx, sched = optimizer.make_optimizer(config.optim, 10)
       mesh = shd.make_mesh(spec, devs)
-      state, shardings = state_lib.create(cfg, tx, mesh, seed=0,
-                                          params=params)
+      state, shardings = state_lib.create(
+          cfg, tx, mesh, seed=0, params=params,
+          lora_cfg=config.lora if rank else None)
       step = step_lib.TrainStep(cfg, config, tx, sched, mesh, shardings,
                                 compiler_options=FAST_COMPILE)
       losses = []
       for i in range(2):
         state, m = step(state, make_batch(i, b=8))
         losses.append([float(m["loss"]), float(m["grad_norm"])])
-      q = state.params["layers"]["attn"]["q"]
-      out[name] = dict(
+      q = (state.params["q"]["b"] if rank
+           else state.params["layers"]["attn"]["q"])
+      return dict(
           losses=losses, cache=step.jitted(8)._cache_size(),
           spec=str(q.sharding.spec), n_shards=len(q.addressable_shards),
           params=[np.asarray(x).tolist() for x in
                   jax.tree.leaves(jax.device_get(state.params))])
+
+    one = [("data", 1), ("fsdp", 1), ("tensor", 1)]
+    out = dict(one={r: run(r, "xla_blocks", one, jax.devices()[:1])
+                    for r in {c[0] for c in MESH_CASES}},
+               mesh=[run(*case, jax.devices()) for case in MESH_CASES])
     print(json.dumps(out))
     """)
 
 
 def test_sharded_step_matches_single_device():
+  """Data, FSDP and tensor meshes, with and without LoRA, with each
+  attention implementation that runs on a CPU (MESH_CASES)."""
   env = dict(os.environ, PYTHONPATH=REPO)
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=300)
+                        env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
-  one, mesh = out["one"], out["mesh"]
-  assert mesh["n_shards"] == 8 and "fsdp" in mesh["spec"], mesh["spec"]
-  assert one["cache"] == 1 and mesh["cache"] == 1  # Two steps, one compile.
-  np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-5)
-  for a, b in zip(mesh["params"], one["params"]):  # Adam: see above.
-    np.testing.assert_allclose(a, b, atol=2e-5)
+  for case, mesh in zip(MESH_CASES, out["mesh"], strict=True):
+    rank = case[0]
+    one = out["one"][str(rank)]
+    assert mesh["n_shards"] == 8, case
+    axis = "tensor" if rank else "fsdp"  # q's b: [L, r | heads, head_dim].
+    assert axis in mesh["spec"], (case, mesh["spec"])
+    assert one["cache"] == 1 and mesh["cache"] == 1  # Two steps, one compile.
+    np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-5,
+                               err_msg=str(case))
+    for a, b in zip(mesh["params"], one["params"], strict=True):  # Adam.
+      np.testing.assert_allclose(a, b, atol=2e-5, err_msg=str(case))
 
 
 def test_policy_params_merge_compiles_once(tmp_path):
@@ -267,8 +291,10 @@ def test_policy_params_merge_compiles_once(tmp_path):
                        checkpoint_every=1000, tensorboard=False)
   cfg = presets.get_preset("tiny")
   t = trainer.Trainer(config, str(tmp_path), cfg, params=host_params(cfg))
-  merged = [t.policy_params() for _ in range(3)]
-  assert t._merge._cache_size() == 1  # pylint: disable=protected-access
+  merged = [t.policy_params()]
+  size = lora._merge._cache_size()  # pylint: disable=protected-access
+  merged += [t.policy_params() for _ in range(2)]
+  assert lora._merge._cache_size() == size  # pylint: disable=protected-access
   want = jax.device_get(t.state.frozen)["layers"]["attn"]["q"]
   np.testing.assert_allclose(merged[-1]["layers"]["attn"]["q"], want)
   t.close(save=False)

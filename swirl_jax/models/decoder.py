@@ -21,6 +21,11 @@ The KV cache is a dict:
          or [B]            each row's own next slot (the rollout engine's
                            slot-per-row cache: rows never share padding)
 Rows of different lengths are padded, and padded slots stay invalid forever.
+
+LoRA is a side path: `params['lora']`, laid out like `params`, holds
+`{'a': [*in, r], 'b': [r, *out]}` (scale folded into b; training/lora.py)
+for some projections, which then compute `x @ W + (x @ a) @ b`: no merged
+weight, nor a gradient the size of W, ever exists.
 """
 
 import functools
@@ -81,6 +86,17 @@ def dense(x, w, **dot_kw):
   return y.reshape(*x.shape[:-1], *w.shape[1:])
 
 
+def project(mod: nn.Module, name: str, x, w):
+  """`dense(x, w)` plus the LoRA side path `(x @ a) @ b` when the module's
+  'lora' collection holds an adapter `name` (see the module doc)."""
+  y = dense(x, w)
+  ab = mod.get_variable("lora", name)
+  if ab is None:
+    return y
+  h = dense(x, ab["a"].astype(w.dtype).reshape(x.shape[-1], -1))
+  return y + dense(h, ab["b"].astype(w.dtype))
+
+
 def _param(mod, name, axes, shape, init, dtype):
   return mod.param(name, nn.with_logical_partitioning(init, axes), shape,
                    _dt(dtype))
@@ -128,9 +144,12 @@ class Attention(nn.Module):
     D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     p = lambda n, ax, sh, init=_W_INIT: _param(self, n, ax, sh, init,
                                                c.param_dtype).astype(dt)
-    q = dense(x_BTD, p("q", ("embed", "heads", "head_dim"), (D, N, H)))
-    k = dense(x_BTD, p("k", ("embed", "kv_heads", "head_dim"), (D, K, H)))
-    v = dense(x_BTD, p("v", ("embed", "kv_heads", "head_dim"), (D, K, H)))
+    q = project(self, "q", x_BTD,
+                p("q", ("embed", "heads", "head_dim"), (D, N, H)))
+    k = project(self, "k", x_BTD,
+                p("k", ("embed", "kv_heads", "head_dim"), (D, K, H)))
+    v = project(self, "v", x_BTD,
+                p("v", ("embed", "kv_heads", "head_dim"), (D, K, H)))
     if c.qkv_bias:
       zeros = nn.initializers.zeros
       q = q + p("q_bias", ("heads", "head_dim"), (N, H), zeros)
@@ -159,7 +178,7 @@ class Attention(nn.Module):
     w_o = p("o", ("heads", "head_dim", "embed"), (N, H, D))
     # One (n h) x d product: with (n, h) as two contracting dims XLA may
     # transpose the weight, a copy of it on every call.
-    out = dense(o, w_o.reshape(N * H, D))
+    out = project(self, "o", o, w_o.reshape(N * H, D))
     return out, new_cache
 
 
@@ -172,11 +191,11 @@ class MLP(nn.Module):
     D, F = c.hidden_size, c.intermediate_size
     p = lambda n, ax, sh: _param(self, n, ax, sh, _W_INIT,
                                  c.param_dtype).astype(dt)
-    gate = dense(x_BTD, p("gate", ("embed", "mlp"), (D, F)))
-    up = dense(x_BTD, p("up", ("embed", "mlp"), (D, F)))
+    gate = project(self, "gate", x_BTD, p("gate", ("embed", "mlp"), (D, F)))
+    up = project(self, "up", x_BTD, p("up", ("embed", "mlp"), (D, F)))
     act = (nn.gelu(gate, approximate=True) if c.is_gemma else nn.silu(gate))
     h = constrain(act * up, ("batch", "length", "act_mlp"))
-    return dense(h, p("down", ("mlp", "embed"), (F, D)))
+    return project(self, "down", h, p("down", ("mlp", "embed"), (F, D)))
 
 
 class Layer(nn.Module):
@@ -235,7 +254,7 @@ class Decoder(nn.Module):
     if _REMAT[c.remat] is not None:
       layer = nn.remat(Layer, prevent_cse=False, policy=_REMAT[c.remat])
     self.layers = nn.scan(
-        layer, variable_axes={"params": 0}, split_rngs={"params": True},
+        layer, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
@@ -329,6 +348,7 @@ def _cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
   """
   c = cfg
   params = split_layers(params)
+  side = split_layers(params["lora"])["layers"] if "lora" in params else None
   index, T = cache["index"], tokens_BT.shape[1]
   k_pos = put_slots(cache["pos"], pos_BT, index, axis=1)
   k_valid = put_slots(cache["valid"], mask_BT, index, axis=1)
@@ -344,8 +364,9 @@ def _cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
   x = embed_tokens(params["embedding"], c, tokens_BT)
   ks, vs = [], []
   for i, layer_params in enumerate(params["layers"]):
+    lora = {"lora": side[i]} if side else {}
     x, (k, v) = Layer(c).apply(
-        {"params": layer_params}, x, i, pos_BT, mask_full, mask_slide,
+        {"params": layer_params, **lora}, x, i, pos_BT, mask_full, mask_slide,
         (cache["k"][i], cache["v"][i]), index)
     ks.append(k)
     vs.append(v)
@@ -369,7 +390,10 @@ def hidden_states(params, cfg: ModelConfig, tokens_BT, positions_BT=None,
   if cache is not None:
     return _cached_hidden_states(params, cfg, tokens_BT, positions_BT,
                                  mask_BT, cache)
-  return Decoder(cfg).apply({"params": params}, tokens_BT, positions_BT,
+  variables = {"params": {k: v for k, v in params.items() if k != "lora"}}
+  if "lora" in params:
+    variables["lora"] = params["lora"]
+  return Decoder(cfg).apply(variables, tokens_BT, positions_BT,
                             mask_BT), None
 
 

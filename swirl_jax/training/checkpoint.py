@@ -30,7 +30,6 @@ import orbax.checkpoint as ocp
 from swirl_jax import errors
 from swirl_jax.models import hf_io
 from swirl_jax.models.config import ModelConfig
-from swirl_jax.training import lora
 from swirl_jax.training.state import TrainState
 
 
@@ -155,9 +154,6 @@ class Checkpointer:
 def export_hf(state: TrainState, cfg: ModelConfig, path: str, *,
               lora_cfg=None, tokenizer=None, dtype: str | None = None) -> str:
   """Writes the trained policy (LoRA merged) as a Hugging Face directory."""
-  params = state.params
-  if state.frozen is not None:
-    params = jax.jit(lambda f, a: lora.merge(f, a, lora_cfg))(state.frozen,
-                                                              state.params)
+  params = state.model_params(lora_cfg)
   return hf_io.export_hf_dir(params, cfg, path, tokenizer=tokenizer,
                              dtype=dtype)

@@ -1,8 +1,12 @@
 """Low-rank adapters on the decoder's projection matrices.
 
 With LoRA on, the step trains a small tree of adapters and keeps the base
-params frozen; the forward pass uses merged weights `W + (alpha/r) A @ B`,
-computed inside the jitted step (so they are transient, never stored).
+params frozen. Training runs the adapters as a side path inside each
+projection, `x @ W + (alpha/r) (x @ A) @ B` (`side_params`; the decoder's
+`project`): the backward pass then computes gradients for A and B only,
+never one the size of W, and no merged copy of W exists. Sampling and
+export take merged weights `W + (alpha/r) A @ B` from `merge`, one jitted
+program (compiled once per shapes and shardings).
 
 Every targeted weight is stacked over layers and split into input dims and
 output dims, e.g. q is `[L, D | N, H]` and o is `[L, N, H | D]`. Its adapter
@@ -14,6 +18,7 @@ Config fields (`config.lora`): rank (0: off), alpha, targets (names among
 q, k, v, o, gate, up, down).
 """
 
+import functools
 import math
 from typing import Any
 
@@ -76,6 +81,22 @@ def logical_axes(base_axes, cfg) -> dict:
   return out
 
 
+def scale(cfg) -> float:
+  return float(cfg.alpha) / int(cfg.rank)
+
+
+def side_params(base_params, adapters, cfg) -> dict:
+  """Base params with the adapters under 'lora', laid out as the params
+  (`{'layers': {module: {name: {'a', 'b'}}}}`) and the scale folded into
+  `b`: what the decoder's side path reads."""
+  s, side = scale(cfg), {}
+  for name, ab in adapters.items():
+    mod = TARGETS[name][0]
+    side.setdefault(mod, {})[name] = {
+        "a": ab["a"], "b": ab["b"] * jnp.asarray(s, ab["b"].dtype)}
+  return dict(base_params, lora={"layers": side})
+
+
 def _delta(a, b, n_in: int):
   """`A @ B` per layer, contracting the rank; keeps the structured dims."""
   n_out = b.ndim - 2
@@ -84,15 +105,19 @@ def _delta(a, b, n_in: int):
                     preferred_element_type=jnp.float32)
 
 
-def merge(base_params, adapters, cfg) -> Any:
-  """Base params with `(alpha / rank) * A @ B` added to each target."""
-  scale = float(cfg.alpha) / int(cfg.rank)
+@functools.partial(jax.jit, static_argnums=2)
+def _merge(base_params, adapters, s: float):
   layers = dict(base_params["layers"])
   for name, ab in adapters.items():
     mod, n_in = TARGETS[name]
     w = layers[mod][name]
     layers[mod] = dict(layers[mod])
     layers[mod][name] = (w.astype(jnp.float32)
-                         + scale * _delta(ab["a"], ab["b"], n_in)
-                         ).astype(w.dtype)
+                         + s * _delta(ab["a"], ab["b"], n_in)).astype(w.dtype)
   return dict(base_params, layers=layers)
+
+
+def merge(base_params, adapters, cfg) -> Any:
+  """Base params with `(alpha / rank) * A @ B` added to each target: a new
+  copy, for sampling and export (the one merge; training never merges)."""
+  return _merge(base_params, adapters, scale(cfg))

@@ -33,7 +33,7 @@ class TrainState:
   frozen: Any = None  # the base model under LoRA, else None.
 
   def model_params(self, lora_cfg=None):
-    """Params for the forward pass (LoRA merged when it is on)."""
+    """Params for sampling and export (LoRA merged: a new copy)."""
     if self.frozen is None:
       return self.params
     return lora.merge(self.frozen, self.params, lora_cfg)

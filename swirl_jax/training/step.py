@@ -170,7 +170,9 @@ def loss_and_grads(trainable, frozen, batch, *, cfg, loss_cfg, lora_cfg,
   per_row = _agg(loss_cfg) != "token_mean"
 
   def weighted_loss(train, micro):
-    params = train if frozen is None else lora.merge(frozen, train, lora_cfg)
+    # LoRA: the adapters as a side path (no merged W, no W-sized grads).
+    params = train if frozen is None else lora.side_params(frozen, train,
+                                                           lora_cfg)
     loss, metrics = policy_loss(params, cfg, loss_cfg, micro)
     t, r = _counts(micro["loss_mask"])
     tok_w, row_w = t / jnp.maximum(n_tok, 1.0), r / jnp.maximum(n_row, 1.0)

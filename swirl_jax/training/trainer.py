@@ -68,8 +68,6 @@ class Trainer:
           c.mesh, defaults.num_params(model_cfg)))
     self.mesh = mesh
     self.lora_cfg = c.lora if lora.enabled(c.get("lora")) else None
-    # One program for every merge (sampling each iteration, export).
-    self._merge = jax.jit(lambda f, a: lora.merge(f, a, self.lora_cfg))
     self.tx, self.schedule = optimizer.make_optimizer(c.optim, c.num_steps)
     self.ckpt = ckpt_lib.Checkpointer(
         str(self.workdir), every=c.checkpoint_every,
@@ -138,10 +136,9 @@ class Trainer:
         self.state.data_pos + 1, self.shardings.data_pos))
 
   def policy_params(self):
-    """Model params for sampling (LoRA merged; a fresh copy then)."""
-    if self.state.frozen is None:
-      return self.state.params
-    return self._merge(self.state.frozen, self.state.params)
+    """Model params for sampling (LoRA merged by `lora.merge`, one program
+    for every call; a fresh copy then)."""
+    return self.state.model_params(self.lora_cfg)
 
   def export_hf(self, path: str | None = None, tokenizer=None) -> str:
     return ckpt_lib.export_hf(self.state, self.model_cfg,
