@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 
+import ml_collections
 import pytest
 from absl import flags
 from absl import logging
@@ -27,6 +28,7 @@ from swirl_jax.sampling.sampler import SamplerConfig
 from swirl_jax.simpletir import grpo
 from swirl_jax.swirl import stage2
 from swirl_jax.tools import registry
+from swirl_jax.training import step as step_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -355,3 +357,9 @@ def test_disk_full_during_a_checkpoint(tmp_path):
   logged = {m.group(1) for m in (re.match(r"[IWEF]\d{4} \S+ +\d+ (\S+):\d+\]",
                                           l) for l in err) if m}
   assert logged <= {"main.py", "xla_bridge.py"}, proc.stderr
+
+
+def test_unknown_loss_kind_is_a_config_error():
+  c = ml_collections.ConfigDict(dict(loss=dict(kind="ppo_typo")))
+  with pytest.raises(config_lib.ConfigError, match="loss.kind 'ppo_typo'"):
+    step_lib.TrainStep(None, c, None, None, None, None)

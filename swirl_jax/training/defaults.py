@@ -21,6 +21,7 @@ import math
 
 import jax
 
+from swirl_jax import config_lib
 from swirl_jax.models import decoder, presets
 
 BIG_MODEL_PARAMS = 1e9
@@ -33,8 +34,8 @@ def resolve_mesh(mesh, num_params: int) -> list[tuple[str, int]]:
       try:
         return [tuple(x) for x in ast.literal_eval(mesh)]
       except (ValueError, SyntaxError, TypeError):
-        raise ValueError(f"train.mesh {mesh!r}: 'auto' or a list of "
-                         "(axis, size) pairs") from None
+        raise config_lib.ConfigError(f"train.mesh {mesh!r}: 'auto' or a "
+                                     "list of (axis, size) pairs") from None
     if num_params >= BIG_MODEL_PARAMS:
       return [("data", 1), ("fsdp", -1), ("tensor", 1)]
     return [("data", -1), ("fsdp", 1), ("tensor", 1)]

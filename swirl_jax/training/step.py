@@ -39,6 +39,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from swirl_jax import config_lib
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
@@ -239,7 +240,8 @@ class TrainStep:
     loss_cfg = default_loss_config().lock()  # A misspelt field fails here.
     loss_cfg.update(dict(config.get("loss", {}).items()))
     if loss_cfg.kind not in LOSS_KINDS:
-      raise ValueError(f"loss.kind {loss_cfg.kind!r}; valid: {LOSS_KINDS}")
+      raise config_lib.ConfigError(
+          f"loss.kind {loss_cfg.kind!r}; valid: {LOSS_KINDS}")
     self.config = config
     optim = config.get("optim", None)
     grad_clip = float(optim.get("grad_clip", 1.0)) if optim else 1.0
