@@ -31,6 +31,7 @@ from swirl_jax.swirl import decompose, filters, stage1, stage2
 from swirl_jax.swirl import report, warmstart
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
+from swirl_jax.training import probes
 from swirl_jax.training import trainer as trainer_lib
 
 STAGES = ("warmstart", "stage1", "filter", "rl", "sft", "eval", "report")
@@ -252,8 +253,10 @@ def _rl(c, workdir):
                               mini_batch_size=tc.mini_batch_size or 1)
       if ref_fn is not None:
         batch["ref_logprobs"] = ref_fn(ref_params, batch)
-      trainer.update(batch, extra=dict(reward=float(rewards.mean()),
-                                       iteration=float(it)))
+      trainer.update(batch, extra=dict(
+          stage2.reward_stats(rewards), iteration=float(it),
+          **probes.Probe.for_trainer(trainer).mismatch(
+              trainer.policy_params(), batch)))
     ok = True
   finally:
     trainer.close(save=ok)
