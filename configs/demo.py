@@ -19,7 +19,7 @@ Args: `smoke` (a 1-minute run of every stage, for tests), seed.
 """
 
 from swirl_jax import config_lib
-from swirl_jax.swirl import warmstart
+from swirl_jax import warmstart
 from swirl_jax.swirl.configs import swirl_config
 
 

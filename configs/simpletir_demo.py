@@ -26,8 +26,7 @@ smoke (a 1-minute run, for tests), seed.
 
 import os
 
-from swirl_jax import config_lib
-from swirl_jax.swirl import warmstart
+from swirl_jax import config_lib, warmstart
 
 
 def _simpletir_math():

@@ -59,10 +59,6 @@ def load_config_module(path: str):
   return mod
 
 
-def mesh_config(spec=(("data", -1), ("fsdp", 1), ("tensor", 1))):
-  return [tuple(x) for x in spec]
-
-
 def model_config(preset: str = "smollm2_135m", checkpoint: str | None = None,
                  dtype: str = "float32") -> ml_collections.ConfigDict:
   """`checkpoint`: '' (random init), 'bundled' (SmolLM2 GGUF from the

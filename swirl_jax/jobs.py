@@ -18,6 +18,7 @@ JOBS: dict[str, str] = {
     "swirl_eval": "swirl_jax.swirl.jobs:run_eval_job",
     "simpletir_train": "swirl_jax.simpletir.train:run",
     "simpletir_eval": "swirl_jax.simpletir.evaluate:run",
+    "fit": "swirl_jax.fit:run",
 }
 
 

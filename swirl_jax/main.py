@@ -4,10 +4,13 @@
 import os
 import sys
 
+import jax
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+
+from swirl_jax import jobs
 
 config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with ':args'.", lock_config=True)
@@ -30,8 +33,6 @@ def _is_multiprocess() -> bool:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  import jax  # pylint: disable=g-import-not-at-top
-  from swirl_jax import jobs  # pylint: disable=g-import-not-at-top
   if _is_multiprocess():
     jax.distributed.initialize()
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir

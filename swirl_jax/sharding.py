@@ -10,7 +10,6 @@ import contextlib
 import math
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
@@ -90,11 +89,6 @@ def tree_shardings(logical_tree: Any, shapes_tree: Any, mesh: Mesh,
       is_leaf=lambda x: isinstance(x, P))
 
 
-def logical_axes(boxed_tree: Any) -> Any:
-  """Logical PartitionSpecs of a tree of `nn.LogicallyPartitioned` boxes."""
-  return nn.get_partition_spec(boxed_tree)
-
-
 def place(host_tree: Any, shardings: Any) -> Any:
   """Puts host (NumPy) arrays on the mesh; each device gets only its shard."""
   def put(x, s):
@@ -120,6 +114,15 @@ def use_mesh(mesh: Mesh | None, rules=DEFAULT_RULES):
         yield
   finally:
     _ACTIVE.update(old)
+
+
+def active_mesh() -> Mesh | None:
+  """The mesh of the innermost `use_mesh` (None outside one)."""
+  return _ACTIVE["mesh"]
+
+
+def active_rules():
+  return _ACTIVE["rules"]
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:

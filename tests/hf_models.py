@@ -5,6 +5,9 @@ bugs (a transposed bias, a norm read from the wrong layer); here every tensor
 gets its own random values.
 """
 
+import contextlib
+
+import numpy as np
 import torch
 import transformers
 
@@ -26,6 +29,11 @@ def hf_config(family: str, **kw) -> transformers.PretrainedConfig:
     base.update(rope_theta=10000.0, tie_word_embeddings=True)
     base.update(kw)
     return transformers.Qwen2Config(**base)
+  if family == "qwen3":
+    # head_dim 24 != hidden / heads = 16: the two must not be confused.
+    base.update(head_dim=24, rope_theta=10000.0, tie_word_embeddings=True)
+    base.update(kw)
+    return transformers.Qwen3Config(**base)
   if family == "gemma2":
     base.update(sliding_window=8, query_pre_attn_scalar=24,
                 attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
@@ -65,3 +73,40 @@ def save_random_model(family: str, path, seed: int = 0, *, init=None, **kw):
   model.eval()
   model.save_pretrained(str(path), safe_serialization=True)
   return model
+
+
+def save_greedy_model(family: str, path, seed: int = 0, std: float = 0.02,
+                      **kw):
+  """A random model for greedy parity: weights and biases N(0, std), norms
+  1 +- 0.1. Untied embeddings keep greedy decoding from repeating the last
+  token."""
+  return save_random_model(
+      family, path, seed, tie_word_embeddings=False,
+      init=dict(std=std, bias_std=std, norm_std=0.1), **kw)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+  # Several processes share two cores: more torch threads only contend.
+  old = torch.get_num_threads()
+  torch.set_num_threads(n)
+  try:
+    yield
+  finally:
+    torch.set_num_threads(old)
+
+
+def greedy(model, prompts, new_tokens: int) -> np.ndarray:
+  """transformers' greedy continuation of left-padded prompts, EOS off."""
+  P = max(map(len, prompts))
+  ids = np.zeros((len(prompts), P), np.int64)
+  mask = np.zeros((len(prompts), P), np.int64)
+  for i, p in enumerate(prompts):
+    ids[i, P - len(p):], mask[i, P - len(p):] = p, 1
+  model.generation_config.eos_token_id = None
+  with torch_threads(1), torch.no_grad():
+    out = model.generate(input_ids=torch.tensor(ids),
+                         attention_mask=torch.tensor(mask),
+                         max_new_tokens=new_tokens, do_sample=False,
+                         pad_token_id=0)
+  return out[:, P:].numpy()

@@ -3,7 +3,8 @@
 import pytest
 
 from swirl_jax.rollout.records import StepUnit, Trajectory, Turn
-from swirl_jax.swirl import decompose, filters
+from swirl_jax.rollout import decompose
+from swirl_jax.swirl import filters
 
 
 def _traj(k=3, outcome=False):

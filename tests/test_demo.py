@@ -5,7 +5,8 @@ import json
 import pathlib
 
 from swirl_jax.rollout.records import Trajectory, read_jsonl
-from swirl_jax.swirl import jobs, warmstart
+from swirl_jax import warmstart
+from swirl_jax.swirl import jobs
 from swirl_jax.tasks import datasets
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

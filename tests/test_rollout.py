@@ -10,6 +10,7 @@ from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout import prompts
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from swirl_jax.tasks import checkers
 from swirl_jax.tasks import synthetic
 from swirl_jax.tasks.records import Task
 from swirl_jax.tools import registry
@@ -42,7 +43,7 @@ def test_scripted_swirl_with_calculator(tokenizer, calc_tools):
                               loop_lib.RolloutConfig(fmt="swirl",
                                                      max_turns=10))
   trajs = loop.run(tasks)
-  loop_lib.score(trajs, tasks)
+  checkers.score_trajectories(trajs, tasks)
   for traj, task, ref in zip(trajs, tasks, refs):
     assert traj.final_answer == task.answer and traj.outcome
     assert len(traj.turns) == len(ref)
@@ -87,7 +88,7 @@ def test_scripted_simpletir_with_sandbox(tokenizer):
   loop = loop_lib.RolloutLoop(sampler, tokenizer, tools,
                               loop_lib.RolloutConfig(fmt="simpletir"))
   trajs = loop.run(tasks)
-  loop_lib.score(trajs, tasks)
+  checkers.score_trajectories(trajs, tasks)
   a, b, c = trajs
   assert "Code execution result: 42" in a.turns[0].observation
   assert a.final_answer == "42" and a.outcome

@@ -6,7 +6,6 @@ Most tests share one tiny random Qwen2 model and one Sampler whose buckets
 are fixed, so the whole file compiles a handful of programs.
 """
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -36,41 +35,6 @@ TINY_CONFIG = SamplerConfig(max_cache_len=128, batch_buckets=(4,),
 ALPHABET = ["<", "/", "a", ">", "b", " ", "x", "\n"]
 
 
-@contextlib.contextmanager
-def _torch_threads(n):
-  # Several processes share two cores: more torch threads only contend.
-  old = torch.get_num_threads()
-  torch.set_num_threads(n)
-  try:
-    yield
-  finally:
-    torch.set_num_threads(old)
-
-
-def _random_hf_model(family, path, seed=0, std=0.02, **kw):
-  """Every parameter drawn: weights and biases N(0, std), norms 1 +- 0.1.
-  Untied embeddings keep greedy decoding from repeating the last token."""
-  return hf_models.save_random_model(
-      family, path, seed, tie_word_embeddings=False,
-      init=dict(std=std, bias_std=std, norm_std=0.1), **kw)
-
-
-def _hf_greedy(model, prompts, new_tokens):
-  """transformers' greedy continuation of left-padded prompts, EOS off."""
-  P = max(map(len, prompts))
-  ids = np.zeros((len(prompts), P), np.int64)
-  mask = np.zeros((len(prompts), P), np.int64)
-  for i, p in enumerate(prompts):
-    ids[i, P - len(p):], mask[i, P - len(p):] = p, 1
-  model.generation_config.eos_token_id = None
-  with _torch_threads(1), torch.no_grad():
-    out = model.generate(input_ids=torch.tensor(ids),
-                         attention_mask=torch.tensor(mask),
-                         max_new_tokens=new_tokens, do_sample=False,
-                         pad_token_id=0)
-  return out[:, P:].numpy()
-
-
 def _token_table(vocab, seed=0):
   """Tokens of 1-3 characters over a small alphabet: stop strings of a few
   characters cross token boundaries in many ways."""
@@ -82,7 +46,7 @@ def _token_table(vocab, seed=0):
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
   path = tmp_path_factory.mktemp("qwen2")
-  model = _random_hf_model("qwen2", path)
+  model = hf_models.save_greedy_model("qwen2", path)
   cfg, params = hf_io.load_hf_dir(path)
   table = _token_table(cfg.vocab_size)
   sampler = Sampler(params, cfg, config=TINY_CONFIG, token_bytes=table)
@@ -101,7 +65,7 @@ def _prompts(lengths, vocab=128, seed=0):
 def test_greedy_matches_transformers_qwen2(qwen):
   prompts = _prompts([5, 12, 9])
   res = qwen["sampler"].generate(prompts, max_new_tokens=64)
-  ref = _hf_greedy(qwen["model"], prompts, 64)
+  ref = hf_models.greedy(qwen["model"], prompts, 64)
   np.testing.assert_array_equal(np.asarray(res.tokens), ref)
   assert res.stop_reasons == ["length"] * 3
   assert max(len(set(t)) for t in res.tokens) > 10  # Not degenerate.
@@ -109,12 +73,12 @@ def test_greedy_matches_transformers_qwen2(qwen):
 
 def test_greedy_matches_transformers_gemma2(tmp_path):
   # Window 8: the sliding layers drop most of the context.
-  model = _random_hf_model("gemma2", tmp_path, seed=1, std=0.05)
+  model = hf_models.save_greedy_model("gemma2", tmp_path, seed=1, std=0.05)
   cfg, params = hf_io.load_hf_dir(tmp_path)
   prompts = _prompts([5, 12, 9], seed=1)
   res = Sampler(params, cfg, config=TINY_CONFIG).generate(
       prompts, max_new_tokens=64)
-  ref = _hf_greedy(model, prompts, 64)
+  ref = hf_models.greedy(model, prompts, 64)
   np.testing.assert_array_equal(np.asarray(res.tokens), ref)
   assert max(len(set(t)) for t in res.tokens) > 10
 
@@ -137,7 +101,7 @@ def test_greedy_matches_transformers_smollm2(smollm2, tmp_path):
   hf_io.export_hf_dir(params, cfg, tmp_path)
   model = transformers.AutoModelForCausalLM.from_pretrained(
       tmp_path, dtype=torch.float32, attn_implementation="eager")
-  ref = _hf_greedy(model, prompts, 64)
+  ref = hf_models.greedy(model, prompts, 64)
   np.testing.assert_array_equal(np.asarray(res.tokens), ref)
   assert res.texts[0] == tok.decode(res.tokens[0])
 

@@ -7,6 +7,7 @@ import gguf
 import pytest
 
 from swirl_jax import paths
+from swirl_jax.models.hf_io import CheckpointError
 from swirl_jax.models.tokenizer import Tokenizer, TokenizerError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -129,7 +130,7 @@ def test_save_hf_dir_roundtrip(smol, tmp_path):
   transformers = pytest.importorskip("transformers")
   smol.save_hf_dir(tmp_path)
   config = json.loads((tmp_path / "tokenizer_config.json").read_text())
-  assert config["chat_template"] == smol.chat_template
+  assert (tmp_path / "chat_template.jinja").read_text() == smol.chat_template
   assert config["eos_token"] == "<|im_end|>"
   hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
   for text in TEXTS:
@@ -263,14 +264,15 @@ def test_from_gguf_reader(tmp_path):
 
 def test_missing_gguf(tmp_path):
   path = tmp_path / "nope.gguf"
-  with pytest.raises(FileNotFoundError, match="nope.gguf"):
+  with pytest.raises(CheckpointError, match="nope.gguf: file is missing"):
     Tokenizer.from_gguf(path)
 
 
 def test_not_a_gguf(tmp_path):
   path = tmp_path / "fake.gguf"
   path.write_text("definitely not gguf")
-  with pytest.raises(TokenizerError, match="fake.gguf.*not a GGUF"):
+  with pytest.raises(CheckpointError,
+                     match="fake.gguf: not a readable GGUF file .no GGUF magic"):
     Tokenizer.from_gguf(path)
 
 
@@ -290,7 +292,7 @@ def test_truncated_gguf(tmp_path):
   data = open(_write_gguf(tmp_path / "full.gguf"), "rb").read()
   path = tmp_path / "cut.gguf"
   path.write_bytes(data[:200])
-  with pytest.raises(TokenizerError, match="cut.gguf.*truncated"):
+  with pytest.raises(CheckpointError, match="cut.gguf: .*truncated"):
     Tokenizer.from_gguf(path)
 
 

@@ -260,3 +260,15 @@ def test_sharded_step_matches_single_device():
   np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-5)
   for a, b in zip(mesh["params"], one["params"]):  # Adam: see above.
     np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_policy_params_merge_compiles_once(tmp_path):
+  config = make_config(lora__rank=4, lora__targets=("q", "v"),
+                       checkpoint_every=1000, tensorboard=False)
+  cfg = presets.get_preset("tiny")
+  t = trainer.Trainer(config, str(tmp_path), cfg, params=host_params(cfg))
+  merged = [t.policy_params() for _ in range(3)]
+  assert t._merge._cache_size() == 1  # pylint: disable=protected-access
+  want = jax.device_get(t.state.frozen)["layers"]["attn"]["q"]
+  np.testing.assert_allclose(merged[-1]["layers"]["attn"]["q"], want)
+  t.close(save=False)

@@ -12,9 +12,9 @@ from typing import Sequence
 import numpy as np
 
 from swirl_jax import jsonl
+from swirl_jax.rollout import decompose
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import Trajectory
-from swirl_jax.swirl import decompose
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks.records import Task
 

@@ -18,7 +18,7 @@ import numpy as np
 from swirl_jax.judges import base
 from swirl_jax.models import decoder
 from swirl_jax.ops import logprobs as lp_ops
-from swirl_jax.sampling.sampler import bucket
+from swirl_jax.shapes import bucket
 from swirl_jax.training import step as step_lib
 
 

@@ -1,15 +1,39 @@
-"""Decoder hyper-parameters, and their translation to/from Hugging Face."""
+"""Decoder hyper-parameters, and their translation to/from Hugging Face.
+
+`ModelConfig` is frozen and hashable (mappings and lists given to it become
+a frozen dataclass and tuples), so it can be a jit static argument or a
+cache key as it is.
+"""
 
 import dataclasses
-from typing import Any
+from typing import Mapping
 
-FAMILIES = ("llama", "qwen2", "gemma2")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma2")
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
 @dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+  """Llama 3's RoPE frequency scaling (HF `rope_type: llama3`)."""
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_position_embeddings: int
+
+  @classmethod
+  def from_mapping(cls, m: Mapping) -> "Llama3RopeScaling":
+    try:
+      return cls(float(m["factor"]), float(m["low_freq_factor"]),
+                 float(m["high_freq_factor"]),
+                 int(m["original_max_position_embeddings"]))
+    except KeyError as e:
+      raise ValueError(f"llama3 rope scaling: missing field {e.args[0]!r}") \
+          from None
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """One decoder covers Llama / SmolLM2, Qwen2 and Gemma 2."""
+  """One decoder covers Llama / SmolLM2, Qwen2, Qwen3 and Gemma 2."""
   family: str = "llama"
   vocab_size: int = 256
   hidden_size: int = 64
@@ -20,9 +44,8 @@ class ModelConfig:
   head_dim: int = 16
   norm_eps: float = 1e-5
   rope_theta: float = 10000.0
-  # None, or the llama3 scaling dict (factor, low_freq_factor,
-  # high_freq_factor, original_max_position_embeddings).
-  rope_scaling: Any = None
+  # None or Llama3RopeScaling (a mapping with its fields is converted).
+  rope_scaling: Llama3RopeScaling | None = None
   tie_embeddings: bool = True
   qkv_bias: bool = False  # Qwen2.
   # Gemma 2 specifics.
@@ -32,7 +55,7 @@ class ModelConfig:
   sliding_window: int | None = None
   layer_types: tuple[str, ...] | None = None  # None: all full attention.
   bos_token_id: int | None = None
-  eos_token_id: Any = None
+  eos_token_id: int | tuple[int, ...] | None = None  # a list: a tuple.
   pad_token_id: int | None = None
   max_position_embeddings: int = 8192
   # Numerics and memory.
@@ -43,10 +66,16 @@ class ModelConfig:
   # about this many queries, each over the keys up to its own last one: the
   # causal upper half is never computed. At most 16 blocks; 0: one block.
   attn_query_block: int = 128
+  # Attention without a cache: auto | xla_blocks | dot_product | splash
+  # (models/attention.py); auto picks by backend.
+  attention_impl: str = "auto"
 
   def __post_init__(self):
+    self._freeze()
     if self.family not in FAMILIES:
       raise ValueError(f"model family {self.family!r} is not one of {FAMILIES}")
+    if self.family == "qwen3" and self.qkv_bias:
+      raise ValueError("qwen3 has no q/k/v biases (qkv_bias=True)")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
@@ -59,9 +88,25 @@ class ModelConfig:
         raise ValueError(f"unknown layer_types {sorted(bad)}; valid: "
                          f"{SLIDING!r}, {FULL!r}")
 
+  def _freeze(self):
+    """Mappings and lists -> their hashable forms (configs built from JSON
+    or from `--config.` overrides hold dicts and lists)."""
+    fix = lambda name, value: object.__setattr__(self, name, value)
+    if isinstance(self.rope_scaling, Mapping):
+      fix("rope_scaling", Llama3RopeScaling.from_mapping(self.rope_scaling))
+    if isinstance(self.eos_token_id, (list, tuple)):
+      fix("eos_token_id", tuple(int(i) for i in self.eos_token_id))
+    if self.layer_types is not None:
+      fix("layer_types", tuple(self.layer_types))
+
   @property
   def is_gemma(self) -> bool:
     return self.family == "gemma2"
+
+  @property
+  def qk_norm(self) -> bool:
+    """Qwen3: RMSNorm over each head's queries and keys, before RoPE."""
+    return self.family == "qwen3"
 
   @property
   def sliding_layers(self) -> tuple[bool, ...]:
@@ -77,10 +122,16 @@ class ModelConfig:
     return dataclasses.replace(self, **kw)
 
 
-_HF_TYPES = {"llama": "llama", "qwen2": "qwen2", "gemma2": "gemma2"}
+_HF_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+             "gemma2": "gemma2"}
+_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+          "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}
+# transformers' config defaults where a config.json leaves a field out.
+_TIED_BY_DEFAULT = {"qwen2", "gemma2"}
+_HEAD_DIM_DEFAULT = {"qwen3": 128}  # Else hidden_size // heads.
 
 
-def _rope(hf: dict) -> tuple[float, Any]:
+def _rope(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
   """Reads rope theta/scaling from both the old and the new HF layouts."""
   params = hf.get("rope_parameters") or {}
   scaling = hf.get("rope_scaling") or params or None
@@ -90,9 +141,7 @@ def _rope(hf: dict) -> tuple[float, Any]:
     if kind == "default":
       scaling = None
     elif kind == "llama3":
-      scaling = {k: float(scaling[k]) for k in (
-          "factor", "low_freq_factor", "high_freq_factor",
-          "original_max_position_embeddings")}
+      scaling = Llama3RopeScaling.from_mapping(scaling)
     else:
       raise ValueError(f"config.json: rope type {kind!r} is not supported "
                        "(supported: default, llama3)")
@@ -106,6 +155,7 @@ def from_hf_config(hf: dict, *, source: str = "config.json", **overrides
   if mtype not in _HF_TYPES:
     raise ValueError(f"{source}: model_type {mtype!r} is not supported "
                      f"(supported: {sorted(_HF_TYPES)})")
+  _check_qwen3(hf, source)
   try:
     heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf)
@@ -115,10 +165,12 @@ def from_hf_config(hf: dict, *, source: str = "config.json", **overrides
         intermediate_size=hf["intermediate_size"],
         num_layers=hf["num_hidden_layers"], num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        head_dim=hf.get("head_dim") or _HEAD_DIM_DEFAULT.get(
+            mtype, hf["hidden_size"] // heads),
         norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta,
         rope_scaling=scaling,
-        tie_embeddings=hf.get("tie_word_embeddings", mtype != "llama"),
+        tie_embeddings=hf.get("tie_word_embeddings",
+                              mtype in _TIED_BY_DEFAULT),
         qkv_bias=mtype == "qwen2" or bool(hf.get("attention_bias", False)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"),
@@ -140,12 +192,22 @@ def from_hf_config(hf: dict, *, source: str = "config.json", **overrides
   return ModelConfig(**kw)
 
 
+def _check_qwen3(hf: dict, source: str) -> None:
+  """Qwen3 options the decoder does not implement fail loudly."""
+  if hf.get("model_type") != "qwen3":
+    return
+  if hf.get("attention_bias"):
+    raise ValueError(f"{source}: qwen3 with attention_bias=true (biased "
+                     "q/k/v/o projections) is not supported")
+  if hf.get("use_sliding_window"):
+    raise ValueError(f"{source}: qwen3 with use_sliding_window=true is not "
+                     "supported")
+
+
 def to_hf_config(cfg: ModelConfig) -> dict:
   """The Hugging Face `config.json` dict for a ModelConfig."""
-  arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-          "gemma2": "Gemma2ForCausalLM"}[cfg.family]
   hf = dict(
-      architectures=[arch], model_type=cfg.family,
+      architectures=[_ARCHS[cfg.family]], model_type=cfg.family,
       vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
       intermediate_size=cfg.intermediate_size,
       num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
@@ -158,7 +220,7 @@ def to_hf_config(cfg: ModelConfig) -> dict:
   rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
   if cfg.rope_scaling:
     rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta,
-            **cfg.rope_scaling}
+            **dataclasses.asdict(cfg.rope_scaling)}
     hf["rope_scaling"] = dict(rope)
   hf["rope_parameters"] = rope
   if cfg.family == "llama":
@@ -166,6 +228,10 @@ def to_hf_config(cfg: ModelConfig) -> dict:
               mlp_bias=False)
   elif cfg.family == "qwen2":
     hf.update(hidden_act="silu", use_sliding_window=False)
+  elif cfg.family == "qwen3":
+    hf.update(hidden_act="silu", attention_bias=False,
+              use_sliding_window=False, sliding_window=None,
+              max_window_layers=cfg.num_layers)
   else:
     hf.update(hidden_activation="gelu_pytorch_tanh",
               attn_logit_softcapping=cfg.attn_logit_softcap,

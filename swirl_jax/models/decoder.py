@@ -1,4 +1,4 @@
-"""One decoder for Llama / SmolLM2, Qwen2 and Gemma 2, used functionally.
+"""One functional decoder for Llama / SmolLM2, Qwen2, Qwen3 and Gemma 2.
 
 Parameters are a pytree; `forward(params, cfg, tokens, ...)` gives logits and,
 when a KV cache is passed in, the updated cache.
@@ -18,6 +18,8 @@ The KV cache is a dict:
   pos    [B, S] int32      position of each slot (for RoPE'd sliding windows)
   valid  [B, S] bool       slot holds a real token (not padding / empty)
   index  []     int32      next slot to write; all rows write the same slots
+         or [B]            each row's own next slot (the rollout engine's
+                           slot-per-row cache: rows never share padding)
 Rows of different lengths are padded, and padded slots stay invalid forever.
 """
 
@@ -29,11 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from swirl_jax.models import attention
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sharding import constrain
 
-# Finite, so a query row with no visible key gets a uniform softmax, not NaN.
-MASK_VALUE = -1e30
 Cache = dict[str, jax.Array]
 
 
@@ -48,8 +49,8 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   s = cfg.rope_scaling
   if not s:
     return inv.astype(np.float32)
-  factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-  old = s["original_max_position_embeddings"]
+  factor, lo, hi = s.factor, s.low_freq_factor, s.high_freq_factor
+  old = s.original_max_position_embeddings
   wavelen = 2 * math.pi / inv
   scaled = np.where(wavelen > old / lo, inv / factor, inv)
   smooth = (old / wavelen - lo) / (hi - lo)
@@ -89,14 +90,16 @@ _W_INIT = nn.initializers.normal(stddev=0.02)
 
 
 class RMSNorm(nn.Module):
+  """Over the last axis, whose logical name is `axis`."""
   cfg: ModelConfig
+  axis: str = "embed"
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
     # Gemma stores (scale - 1): zeros init and `x * (1 + w)`.
     init = nn.initializers.zeros if c.is_gemma else nn.initializers.ones
-    w = _param(self, "scale", ("embed",), (x.shape[-1],), init, c.param_dtype)
+    w = _param(self, "scale", (self.axis,), x.shape[-1:], init, c.param_dtype)
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + c.norm_eps)
     if c.is_gemma:
@@ -108,7 +111,8 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None, index=None):
+  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None, index=None,
+               sliding=False):
     """Attends over the new tokens alone, or over this layer's cache.
 
     With kv_cache = (k [B, K, H, S], v [B, K, S, H]), the new keys / values are
@@ -132,82 +136,31 @@ class Attention(nn.Module):
       q = q + p("q_bias", ("heads", "head_dim"), (N, H), zeros)
       k = k + p("k_bias", ("kv_heads", "head_dim"), (K, H), zeros)
       v = v + p("v_bias", ("kv_heads", "head_dim"), (K, H), zeros)
+    if c.qk_norm:  # One scale per head_dim entry, shared by the heads.
+      q = RMSNorm(c, "head_dim", name="q_norm")(q)
+      k = RMSNorm(c, "head_dim", name="k_norm")(k)
     inv = rope_inv_freq(c)
     q, k = apply_rope(q, pos_BT, inv), apply_rope(k, pos_BT, inv)
     q = constrain(q, ("batch", "length", "act_heads", None))
     v_BKSH = v.transpose(0, 2, 1, 3)
     if kv_cache is None:
-      o = _causal_blocks(c, q, k.transpose(0, 2, 1, 3), v_BKSH, mask_BTS)
+      o = attention.no_cache(c, q, k, v, mask_BTS, sliding)
       new_cache = None
     else:
       # Cached keys are stored [B, K, H, S]: the scores are then a plain
       # (m, h) x (h, s) product, several times faster on a CPU than
       # contracting the last dim of both.
       ck, cv = kv_cache
-      zero = jnp.zeros((), jnp.int32)
-      ck = jax.lax.dynamic_update_slice(
-          ck, k.transpose(0, 2, 3, 1).astype(ck.dtype),
-          (zero, zero, zero, index))
-      cv = jax.lax.dynamic_update_slice(cv, v_BKSH.astype(cv.dtype),
-                                        (zero, zero, index, zero))
+      ck = put_slots(ck, k.transpose(0, 2, 3, 1), index, axis=3)
+      cv = put_slots(cv, v_BKSH, index, axis=2)
       new_cache = (ck, cv)
-      o = _attend(c, q, ck.astype(dt), cv.astype(dt), mask_BTS,
-                  keys_last=True)
+      o = attention.attend(c, q, ck.astype(dt), cv.astype(dt), mask_BTS,
+                           keys_last=True)
     w_o = p("o", ("heads", "head_dim", "embed"), (N, H, D))
     # One (n h) x d product: with (n, h) as two contracting dims XLA may
     # transpose the weight, a copy of it on every call.
     out = dense(o, w_o.reshape(N * H, D))
     return out, new_cache
-
-
-def _attend(c: ModelConfig, q_BTNH, k, v_BKSH, mask_BTS, *, keys_last):
-  """Softmax attention of T queries over S slots -> `[B, T, N * H]`.
-
-  Keys are `[B, K, S, H]`, or `[B, K, H, S]` with `keys_last`.
-  """
-  B, T, N, H = q_BTNH.shape
-  K = v_BKSH.shape[1]
-  G = N // K
-  # Each (b, k) attends with its G query heads' rows stacked, m = (g, t):
-  # plain [M, H] x [H, S] products with the batch dims (b, k) leading,
-  # which XLA's CPU matmul takes as they are; a 5-D (g, t) einsum, or
-  # other layouts, runs 2-3x slower, forward and backward.
-  q_BKMH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(
-      B, K, G * T, H)
-  spec = "bkmh,bkhs->bkms" if keys_last else "bkmh,bksh->bkms"
-  s = jnp.einsum(spec, q_BKMH, k, preferred_element_type=jnp.float32)
-  s = s * c.attn_scale
-  if c.attn_logit_softcap:
-    s = jnp.tanh(s / c.attn_logit_softcap) * c.attn_logit_softcap
-  mask_BMS = jnp.tile(mask_BTS, (1, G, 1))  # Row m = (g, t) sees t's keys.
-  s = jnp.where(mask_BMS[:, None], s, MASK_VALUE)
-  probs = jax.nn.softmax(s, axis=-1).astype(v_BKSH.dtype)
-  o = jnp.einsum("bkms,bksh->bkmh", probs, v_BKSH)
-  return o.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(
-      B, T, N * H)
-
-
-def _causal_blocks(c: ModelConfig, q_BTNH, k_BKSH, v_BKSH, mask_BTS):
-  """`_attend` over blocks of queries, each over the keys up to its end.
-
-  Exact for causal masks (the no-cache path's): a query never sees a later
-  key, so the keys left out are masked anyway. Skipping that upper half,
-  with blocks small enough to stay in cache, took SmolLM2's attention core
-  (fwd + bwd, 2 x 512 tokens) from 56 ms to 35-38 ms in blocks of 128
-  queries; inside a rematerialised layer 128 beat 64. (A query row with no
-  visible key at all, i.e. padding, spreads its weight over its block's
-  keys rather than all keys; such rows are masked downstream either way.)
-  """
-  T = q_BTNH.shape[1]
-  n = 1 if c.attn_query_block <= 0 else min(-(-T // c.attn_query_block), 16)
-  size = -(-T // n)
-  outs = []
-  for lo in range(0, T, size):
-    hi = min(lo + size, T)
-    outs.append(_attend(c, q_BTNH[:, lo:hi], k_BKSH[:, :, :hi],
-                        v_BKSH[:, :, :hi], mask_BTS[:, lo:hi, :hi],
-                        keys_last=False))
-  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 class MLP(nn.Module):
@@ -237,8 +190,10 @@ class Layer(nn.Module):
     c = self.cfg
     sliding = jnp.asarray(c.sliding_layers)[layer_idx]
     mask = jnp.where(sliding, mask_slide, mask_full)
-    h, kv = Attention(c, name="attn")(RMSNorm(c, name="input_norm")(x),
-                                      pos_BT, mask, kv, index)
+    kinds = set(c.sliding_layers)  # Static when all layers are alike.
+    h, kv = Attention(c, name="attn")(
+        RMSNorm(c, name="input_norm")(x), pos_BT, mask, kv, index,
+        sliding=kinds.pop() if len(kinds) == 1 else sliding)
     if c.is_gemma:
       h = RMSNorm(c, name="post_attn_norm")(h)
     x = x + h
@@ -312,7 +267,9 @@ class Decoder(nn.Module):
 def _masks(c: ModelConfig, q_pos_BT, k_pos_BS, k_valid_BS, causal_TS):
   """[B, T, S] visibility of keys to queries: valid key, causal (by slot
   order), and for sliding layers within the window (by position)."""
-  full = k_valid_BS[:, None, :] & causal_TS[None]
+  if causal_TS.ndim == 2:  # One write index for all rows; else [B, T, S].
+    causal_TS = causal_TS[None]
+  full = k_valid_BS[:, None, :] & causal_TS
   slide = full
   if c.sliding_window and any(c.sliding_layers):
     dist = q_pos_BT[:, :, None] - k_pos_BS[:, None, :]
@@ -347,18 +304,42 @@ def split_layers(params):
                                    for i in range(n)))
 
 
+def put_slots(old, new, index, axis: int):
+  """`old` with `new` written from slot `index` on along `axis`: one index
+  for all rows, or one per row ([B], each row's own write position)."""
+  zero = jnp.zeros((), jnp.int32)
+  new = new.astype(old.dtype)
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(
+        old, new, tuple(index if a == axis else zero
+                        for a in range(old.ndim)))
+  # Per row (the batch axis mapped away, so `axis` moves down by one).
+  return jax.vmap(lambda o, n, i: jax.lax.dynamic_update_slice(
+      o, n, tuple(i if a == axis - 1 else zero for a in range(o.ndim))))(
+          old, new, index)
+
+
 def _cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
                           mask_BT, cache: Cache):
-  """Hidden states of new tokens written at slots index .. index + T."""
+  """Hidden states of new tokens written at slots index .. index + T.
+
+  `cache["index"]` is one write slot for all rows ([]), or one per row
+  ([B]: rows then put their real tokens first, right-padded, and each
+  advances by its own count, so a row's slot s holds its position s).
+  """
   c = cfg
   params = split_layers(params)
   index, T = cache["index"], tokens_BT.shape[1]
-  zero = jnp.zeros((), jnp.int32)
-  put = lambda old, new: jax.lax.dynamic_update_slice(
-      old, new.astype(old.dtype), (zero, index))
-  k_pos, k_valid = put(cache["pos"], pos_BT), put(cache["valid"], mask_BT)
+  k_pos = put_slots(cache["pos"], pos_BT, index, axis=1)
+  k_valid = put_slots(cache["valid"], mask_BT, index, axis=1)
   S = k_valid.shape[1]
-  causal = jnp.arange(S)[None, :] <= index + jnp.arange(T)[:, None]
+  if jnp.ndim(index) == 0:
+    causal = jnp.arange(S)[None, :] <= index + jnp.arange(T)[:, None]
+    advance = T
+  else:
+    causal = (jnp.arange(S)[None, None, :]
+              <= index[:, None, None] + jnp.arange(T)[None, :, None])
+    advance = jnp.sum(mask_BT, axis=1, dtype=index.dtype)
   mask_full, mask_slide = _masks(c, pos_BT, k_pos, k_valid, causal)
   x = embed_tokens(params["embedding"], c, tokens_BT)
   ks, vs = [], []
@@ -370,7 +351,7 @@ def _cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
     vs.append(v)
   x = RMSNorm(c).apply({"params": params["final_norm"]}, x)
   return x, dict(k=tuple(ks), v=tuple(vs), pos=k_pos, valid=k_valid,
-                 index=index + T)
+                 index=index + advance)
 
 
 def default_positions(mask_BT: jax.Array) -> jax.Array:

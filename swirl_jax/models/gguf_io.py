@@ -87,21 +87,39 @@ def read_config(reader, path, **overrides) -> ModelConfig:
 
 
 def open_gguf(path: str | os.PathLike):
+  """The file's one `gguf.GGUFReader`, shared by the weights and tokenizer."""
   import gguf  # pylint: disable=g-import-not-at-top
   path = pathlib.Path(path)
-  if not path.exists():
+  if not path.is_file():
     raise CheckpointError(f"{path}: file is missing")
   try:
     return gguf.GGUFReader(str(path))
   except Exception as e:  # gguf raises ValueError / struct errors.
-    raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
+    with open(path, "rb") as f:
+      why = "truncated or corrupt" if f.read(4) == b"GGUF" else "no GGUF magic"
+    raise CheckpointError(
+        f"{path}: not a readable GGUF file ({why}: {e})") from None
 
 
-def load_gguf(path: str | os.PathLike, *, mesh=None, rules=shd.DEFAULT_RULES,
+def reader_path(reader) -> str:
+  """The file name an open reader reads (for messages)."""
+  return str(getattr(reader.data, "filename", "<GGUFReader>"))
+
+
+def load_gguf(path_or_reader, *, mesh=None, rules=shd.DEFAULT_RULES,
               **overrides):
-  """(ModelConfig, params) from a llama-architecture GGUF file."""
+  """(ModelConfig, params) from a llama-architecture GGUF file.
+
+  Args:
+    path_or_reader: the .gguf path, or the reader `open_gguf` returned (so
+      the tokenizer and the weights of one load share one parse).
+  """
   from gguf import quants  # pylint: disable=g-import-not-at-top
-  reader = open_gguf(path)
+  if isinstance(path_or_reader, (str, os.PathLike)):
+    reader = open_gguf(path_or_reader)
+  else:
+    reader = path_or_reader
+  path = reader_path(reader)
   cfg = read_config(reader, path, **overrides)
   tensors = {}
   for t in reader.tensors:

@@ -58,6 +58,9 @@ def _layer_tensors(cfg: ModelConfig) -> dict[tuple, tuple]:
       t[("attn", f"{n}_bias")] = (
           a + f"{n}_proj.bias", lambda w, h=heads: w.reshape(h, H),
           lambda x: x.reshape(-1))
+  if cfg.qk_norm:
+    for n in ("q_norm", "k_norm"):
+      t[("attn", n, "scale")] = (a + f"{n}.weight", _ident, _ident)
   for ours, theirs in _layer_norm_names(cfg).items():
     t[(ours, "scale")] = (f"model.layers.{{i}}.{theirs}.weight", _ident,
                           _ident)
@@ -186,17 +189,25 @@ def load_hf_dir(path: str | os.PathLike, *, mesh: Mesh | None = None,
   return cfg, params
 
 
-def to_hf_tensors(params, cfg: ModelConfig) -> dict[str, np.ndarray]:
-  """HF-named host tensors from (possibly sharded) params."""
+def to_hf_tensors(params, cfg: ModelConfig, dtype: str | None = None
+                  ) -> dict[str, np.ndarray]:
+  """HF-named host tensors from (possibly sharded) params, C-contiguous.
+
+  `safetensors.numpy.save_file` writes an array's buffer as it lies in
+  memory: a transposed view would be saved scrambled. (`astype` keeps a
+  view's memory order, so the cast is no fix either.)
+  """
   fetch = _fetcher()
-  out = {"model.embed_tokens.weight": fetch(params["embedding"]),
-         "model.norm.weight": fetch(params["final_norm"]["scale"])}
+  cast = np.dtype(jax.numpy.dtype(dtype)) if dtype else None
+  host = lambda x: np.ascontiguousarray(x if cast is None else x.astype(cast))
+  out = {"model.embed_tokens.weight": host(fetch(params["embedding"])),
+         "model.norm.weight": host(fetch(params["final_norm"]["scale"]))}
   if not cfg.tie_embeddings:
-    out["lm_head.weight"] = fetch(params["lm_head"]).T
+    out["lm_head.weight"] = host(fetch(params["lm_head"]).T)
   for path, (name, _, from_tree) in _layer_tensors(cfg).items():
     stacked = fetch(_get(params["layers"], path))
     for i in range(cfg.num_layers):
-      out[name.format(i=i)] = np.ascontiguousarray(from_tree(stacked[i]))
+      out[name.format(i=i)] = host(from_tree(stacked[i]))
   return out
 
 
@@ -213,11 +224,9 @@ def export_hf_dir(params, cfg: ModelConfig, path: str | os.PathLike, *,
                   max_shard_bytes: int = 4 << 30) -> str:
   """Writes config.json + safetensors (+ tokenizer); atomic per directory."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  tensors = to_hf_tensors(params, cfg)
+  tensors = to_hf_tensors(params, cfg, dtype)
   if jax.process_index() != 0:
     return str(path)
-  if dtype:
-    tensors = {k: v.astype(jax.numpy.dtype(dtype)) for k, v in tensors.items()}
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=".export-"))

@@ -6,6 +6,8 @@
   '*.gguf'    a GGUF file
   directory   a Hugging Face model directory (config.json + safetensors)
 `config.model.tokenizer` ('' = from the checkpoint, else 'bundled' or a path)
+`config.model.chat_template_kwargs` (optional) template variables for every
+  render, e.g. `{'enable_thinking': False}` for Qwen3
 """
 
 import os
@@ -22,12 +24,14 @@ def _resolve(spec: str) -> str:
   return paths.smollm2_gguf_path() if spec == "bundled" else spec
 
 
-def load_tokenizer(spec: str) -> Tokenizer:
+def load_tokenizer(spec: str, reader=None,
+                   chat_template_kwargs=None) -> Tokenizer:
+  """The tokenizer of `spec`; `reader`: that GGUF file, already open."""
   path = _resolve(spec)
   if path.endswith(".gguf"):
-    return Tokenizer.from_gguf(path)
+    return Tokenizer.from_gguf(reader or path, chat_template_kwargs)
   if os.path.isdir(path):
-    return Tokenizer.from_hf_dir(path)
+    return Tokenizer.from_hf_dir(path, chat_template_kwargs)
   raise FileNotFoundError(f"tokenizer {spec!r}: not a .gguf file or a "
                           "Hugging Face directory")
 
@@ -39,7 +43,12 @@ def load_policy(model_cfg, mesh=None, rules=shd.DEFAULT_RULES, seed: int = 0):
   ckpt = _resolve(model_cfg.checkpoint)
   tok_spec = model_cfg.get("tokenizer", "") or model_cfg.checkpoint or \
       "bundled"
-  tokenizer = load_tokenizer(tok_spec)
+  # One GGUF parse serves the weights and, when it is the same file, the
+  # tokenizer.
+  reader = gguf_io.open_gguf(ckpt) if ckpt.endswith(".gguf") else None
+  tokenizer = load_tokenizer(
+      tok_spec, reader if _resolve(tok_spec) == ckpt else None,
+      model_cfg.get("chat_template_kwargs"))
   if not ckpt:
     cfg = presets.get_preset(model_cfg.preset, **over)
     if cfg.vocab_size < tokenizer.vocab_size:
@@ -50,7 +59,7 @@ def load_policy(model_cfg, mesh=None, rules=shd.DEFAULT_RULES, seed: int = 0):
                                      decoder.abstract_params(cfg), mesh, rules)
     params = decoder.init_params(cfg, jax.random.key(seed), shardings)
   elif ckpt.endswith(".gguf"):
-    cfg, params = gguf_io.load_gguf(ckpt, mesh=mesh, rules=rules, **over)
+    cfg, params = gguf_io.load_gguf(reader, mesh=mesh, rules=rules, **over)
   else:
     cfg, params = hf_io.load_hf_dir(ckpt, mesh=mesh, rules=rules, **over)
   return cfg, params, tokenizer

@@ -1,6 +1,7 @@
 """Model presets by name. Shapes follow each model's published config.json."""
 
-from swirl_jax.models.config import FULL, SLIDING, ModelConfig
+from swirl_jax.models.config import (FULL, SLIDING, Llama3RopeScaling,
+                                     ModelConfig)
 
 
 def _alternating(n: int) -> tuple[str, ...]:
@@ -12,10 +13,20 @@ def _gemma2(**kw) -> ModelConfig:
   base = dict(family="gemma2", vocab_size=256000, norm_eps=1e-6,
               rope_theta=10000.0, tie_embeddings=True,
               attn_logit_softcap=50.0, final_logit_softcap=30.0,
-              sliding_window=4096, bos_token_id=2, eos_token_id=[1, 107],
+              sliding_window=4096, bos_token_id=2, eos_token_id=(1, 107),
               pad_token_id=0)
   base.update(kw)
   base["layer_types"] = _alternating(base["num_layers"])
+  return ModelConfig(**base)
+
+
+def _qwen3(**kw) -> ModelConfig:
+  # Shared by Qwen/Qwen3-{0.6B,1.7B,4B,8B}/config.json.
+  base = dict(family="qwen3", vocab_size=151936, num_kv_heads=8,
+              head_dim=128, norm_eps=1e-6, rope_theta=1e6,
+              bos_token_id=151643, eos_token_id=151645,
+              max_position_embeddings=40960)
+  base.update(kw)
   return ModelConfig(**base)
 
 
@@ -48,11 +59,23 @@ PRESETS = {
         family="llama", vocab_size=128256, hidden_size=2048,
         intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
         head_dim=64, norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling=dict(factor=32.0, low_freq_factor=1.0,
-                          high_freq_factor=4.0,
-                          original_max_position_embeddings=8192.0),
+        rope_scaling=Llama3RopeScaling(
+            factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+            original_max_position_embeddings=8192),
         tie_embeddings=True, bos_token_id=128000,
-        eos_token_id=[128001, 128008, 128009], max_position_embeddings=131072),
+        eos_token_id=(128001, 128008, 128009), max_position_embeddings=131072),
+    "qwen3_0_6b": lambda: _qwen3(
+        hidden_size=1024, intermediate_size=3072, num_layers=28,
+        num_heads=16, tie_embeddings=True),
+    "qwen3_1_7b": lambda: _qwen3(
+        hidden_size=2048, intermediate_size=6144, num_layers=28,
+        num_heads=16, tie_embeddings=True),
+    "qwen3_4b": lambda: _qwen3(
+        hidden_size=2560, intermediate_size=9728, num_layers=36,
+        num_heads=32, tie_embeddings=True),
+    "qwen3_8b": lambda: _qwen3(
+        hidden_size=4096, intermediate_size=12288, num_layers=36,
+        num_heads=32, tie_embeddings=False),
     "gemma2_2b": lambda: _gemma2(
         hidden_size=2304, intermediate_size=9216, num_layers=26, num_heads=8,
         num_kv_heads=4, head_dim=256, query_pre_attn_scalar=256),

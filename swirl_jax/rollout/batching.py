@@ -9,15 +9,10 @@ from typing import Sequence
 
 import numpy as np
 
+from swirl_jax.shapes import bucket
+
 LENGTH_BUCKETS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
                   6144, 8192, 12288, 16384, 32768)
-
-
-def bucket(n: int, buckets: Sequence[int]) -> int:
-  for b in buckets:
-    if b >= n:
-      return b
-  return int(np.ceil(n / buckets[-1]) * buckets[-1])
 
 
 def collate(seqs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],

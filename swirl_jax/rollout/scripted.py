@@ -82,3 +82,25 @@ class ScriptedSampler:
   def select(self, state: ScriptedState, rows) -> ScriptedState:
     return ScriptedState([state.rows[r] for r in rows],
                          [state.turns[r] for r in rows])
+
+
+def replaying(base, lengths: Callable[[str, int], int],
+              action: Callable[[str, int], object]):
+  """`base` (a `RolloutLoop` or `RolloutEngine` class) with turns replayed:
+  turn k of trajectory `traj_id` samples up to `lengths(traj_id, k)` real
+  model tokens and then acts as `action(traj_id, k)` (a
+  `parsing.ParsedTurn`) says, whatever the tokens read. Decode cost, tool
+  calls and trajectory shapes follow a recording; the tokens stay the
+  model's own."""
+
+  class Replayed(base):
+
+    def turn_budget(self, traj, turn_no):
+      return lengths(traj.id, turn_no)
+
+    def parse(self, traj, text):
+      del text
+      return action(traj.id, len(traj.turns) - 1)
+
+  Replayed.__name__ = f"Replayed{base.__name__}"
+  return Replayed

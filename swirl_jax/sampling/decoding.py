@@ -184,7 +184,9 @@ def decode(params, cfg: ModelConfig, cache: decoder.Cache, logits_BV,
 
   def cond(c):
     step, cache, active_B = c[0], c[1], c[4]
-    return (step < max_steps) & jnp.any(active_B) & (cache["index"] < S)
+    # A per-row index ([B]) must leave every row room for the next token.
+    return (step < max_steps) & jnp.any(active_B) & (
+        jnp.max(cache["index"]) < S)
 
   body = lambda c: _step(params, cfg, sp, stop, c)
   (_, cache, logits_BV, _, active_B, state_B, tokens_BN, lps_BN, num_B,

@@ -27,6 +27,7 @@ from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import decoding, stops
+from swirl_jax.shapes import bucket
 
 _POW2 = tuple(2 ** i for i in range(21))
 
@@ -57,15 +58,6 @@ class SamplerConfig:
     kw = {k: tuple(v) if isinstance(v, (list, tuple)) else v
           for k, v in dict(config).items()}
     return cls(**kw)
-
-
-def bucket(n: int, buckets: Sequence[int]) -> int:
-  """Smallest bucket >= n; past the last, a multiple of the last."""
-  for b in sorted(buckets):
-    if b >= n:
-      return b
-  last = max(buckets)
-  return last * math.ceil(n / last)
 
 
 @dataclasses.dataclass
@@ -511,10 +503,9 @@ _split_layers = jax.jit(decoder.split_layers)
 
 
 def _programs(cfg: ModelConfig, cache_dtype, mesh, rules) -> _Programs:
-  # ModelConfig holds dicts and lists (unhashable); its repr names every
-  # field. The mesh and rules are part of the key because model code reads
-  # them when it is traced.
-  key = (repr(cfg), cache_dtype, mesh, tuple(rules))
+  # The mesh and rules are part of the key because model code reads them
+  # when it is traced.
+  key = (cfg, cache_dtype, mesh, tuple(rules))
   if key not in _PROGRAMS:
     _PROGRAMS[key] = _Programs(cfg, cache_dtype)
   return _PROGRAMS[key]

@@ -12,6 +12,7 @@ from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from swirl_jax.tasks import checkers
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
 
@@ -34,7 +35,7 @@ def run(config, workdir: str) -> dict:
                                 c.data.get("data_dir") or None,
                                 e.get("limit") or None)
     ts = loop.run(tasks, samples_per_task=e.k)
-    loop_lib.score(ts, tasks)
+    checkers.score_trajectories(ts, tasks)
     results[spec] = {**agent_eval.pass_at_k(ts, e.k),
                      **loop_lib.response_stats(ts), "n": float(len(tasks))}
     trajs[spec.replace(":", "_")] = ts

@@ -20,13 +20,14 @@ import pathlib
 import numpy as np
 from absl import logging
 
+from swirl_jax import warmstart
 from swirl_jax.models import loading
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import grpo
 from swirl_jax.simpletir import report
-from swirl_jax.swirl import warmstart
+from swirl_jax.tasks import checkers
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
 from swirl_jax.training import probes
@@ -94,7 +95,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
       rollout.config = loop_lib.RolloutConfig.from_config(
           dict(c.rollout, seed=c.seed * 100003 + it))
       trajs = rollout.run(batch_tasks, samples_per_task=groups.group_size)
-      loop_lib.score(trajs, batch_tasks)
+      checkers.score_trajectories(trajs, batch_tasks)
       write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
       rows, adv, stats = grpo.select_rows(trajs, groups)
       batch = None if not len(rows) else grpo.make_batch(trajs, rows, adv,

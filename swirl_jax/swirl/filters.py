@@ -80,9 +80,3 @@ def _report(units, keep, strategy, granularity) -> dict[str, Any]:
       trajectories_kept_wrong=sum(
           1 for t in kept_steps if outcome[t] is False),
   )
-
-
-def filter_from_config(units: Sequence[StepUnit], config):
-  """`config.strategy`, `config.get('granularity', 'trajectory')`."""
-  return filter_units(units, config.strategy,
-                      config.get("granularity", "trajectory"))

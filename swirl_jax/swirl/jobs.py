@@ -21,17 +21,19 @@ import ml_collections
 import tqdm
 from absl import logging
 
-from swirl_jax import judges
+from swirl_jax import judges, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
+from swirl_jax.rollout import decompose
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import StepUnit, read_jsonl, write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
-from swirl_jax.swirl import decompose, filters, stage1, stage2
-from swirl_jax.swirl import report, warmstart
+from swirl_jax.swirl import filters, report, stage1, stage2
+from swirl_jax.tasks import checkers
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
 from swirl_jax.training import probes
+from swirl_jax.training import step as step_lib
 from swirl_jax.training import trainer as trainer_lib
 
 STAGES = ("warmstart", "stage1", "filter", "rl", "sft", "eval", "report")
@@ -234,7 +236,6 @@ def _rl(c, workdir):
                     SamplerConfig.from_config(c.sampler))
   ref_fn = ref_params = None
   if tc.loss.kl_coef > 0:  # The frozen initial policy, for the KL term.
-    from swirl_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
     ref_params = loading.load_policy(_base(c, workdir), seed=c.seed)[1]
     ref_fn = step_lib.make_logprob_fn(cfg, trainer.mesh,
                                       trainer.shardings.params)
@@ -319,7 +320,7 @@ def run_eval(c, workdir):
         max_response_tokens=c.stage1.max_response_tokens,
         temperature=c.eval.temperature, seed=c.seed))
     trajs[name] = loop.run(tasks)
-    loop_lib.score(trajs[name], tasks)
+    checkers.score_trajectories(trajs[name], tasks)
     results[name] = agent_eval.summarize(trajs[name], tasks, judge)
     logging.info("eval %s: %s", name, results[name])
   # Runs sharing a workdir (the filter ablations) add their policies.

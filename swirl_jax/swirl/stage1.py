@@ -15,6 +15,7 @@ from absl import logging
 
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import Trajectory, iter_jsonl, write_jsonl
+from swirl_jax.tasks import checkers
 from swirl_jax.tasks.records import Task
 
 SHARD = "shard_{:05d}.jsonl"
@@ -49,7 +50,7 @@ def generate(loop: loop_lib.RolloutLoop, tasks: Sequence[Task], out_dir: str,
   for i in range(0, len(todo), per_batch):
     batch = todo[i:i + per_batch]
     trajs = loop.run_pairs(batch)
-    loop_lib.score(trajs, [t for t, _ in batch])
+    checkers.score_trajectories(trajs, [t for t, _ in batch])
     write_jsonl(os.path.join(out_dir, SHARD.format(shard)), trajs)
     done += trajs
     shard = len(done) // shard_size

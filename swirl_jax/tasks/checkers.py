@@ -12,15 +12,19 @@
   match and token F1, best over the gold aliases.
 
 `check(task, predicted)` picks the checker from `task.source`; `score`
-also returns F1; `check_batch` checks many answers in parallel processes.
+also returns F1; `check_batch` checks many answers in parallel processes;
+`score_trajectories` sets rollouts' outcomes and rewards.
 """
 
 import collections
 import fractions
 import math
+import os
 import re
 import string
 import threading
+
+import math_verify
 
 from swirl_jax.tasks import records
 from swirl_jax.tools import parsing
@@ -46,7 +50,6 @@ def _plain(answer: str) -> str:
 
 def _math_equal_here(args) -> bool:
   """math-verify in this process (a main thread), then string equality."""
-  import math_verify  # pylint: disable=g-import-not-at-top
   gold, predicted, timeout_s = args
   try:
     g = math_verify.parse(_boxed(gold), parsing_timeout=timeout_s)
@@ -66,7 +69,6 @@ def _pool(num_workers=None):
   global _POOL
   with _POOL_LOCK:
     if _POOL is None:
-      import os  # pylint: disable=g-import-not-at-top
       _POOL = workers.WorkerPool(
           _math_equal_here, num_workers=num_workers or os.cpu_count() or 2,
           timeout_s=3 * MATH_TIMEOUT_S, initializer=_warm_up)
@@ -221,3 +223,14 @@ def check_batch(tasks, predictions,
     for (i, _), (ok, value) in zip(jobs, results):
       out[i] = bool(out[i]) or bool(ok and value)
   return [bool(x) for x in out]
+
+
+def score_trajectories(trajectories, tasks) -> None:
+  """Sets each trajectory's `outcome` and `reward` (1/0) from its task's
+  checker (`check_batch` on the final answers)."""
+  by_id = {t.id: t for t in tasks}
+  trajs = list(trajectories)
+  ok = check_batch([by_id[t.task_id] for t in trajs],
+                   [t.final_answer for t in trajs])
+  for t, o in zip(trajs, ok):
+    t.outcome, t.reward = bool(o), float(o)

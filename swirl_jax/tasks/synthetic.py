@@ -27,7 +27,7 @@ from swirl_jax import jsonl
 from swirl_jax.tasks import records
 
 Task = records.Task
-# "demo": demonstrations for warm starts (swirl/warmstart.py).
+# "demo": demonstrations for warm starts (swirl_jax/warmstart.py).
 SPLIT_SEEDS = {"train": 0, "test": 1, "demo": 2}
 
 # --------------------------------------------------------------- arithmetic.

@@ -17,8 +17,12 @@ come back as `QUERY -> Error: ...`, never as exceptions.
 """
 
 import ast
+import decimal
 import math
 import re
+
+import sympy
+from sympy.parsing import sympy_parser as sp
 
 from swirl_jax.tools import workers
 
@@ -32,7 +36,6 @@ _APPROX_DIGITS = 10
 
 
 def _sympy_namespace():
-  import sympy  # pylint: disable=g-import-not-at-top
   functions = {
       "sqrt": sympy.sqrt, "cbrt": sympy.cbrt, "root": sympy.root,
       "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan,
@@ -55,8 +58,6 @@ def _sympy_namespace():
 
 def _round(x, ndigits=0):
   """Half-up rounding to `ndigits` decimals, exact (no binary artefacts)."""
-  import decimal  # pylint: disable=g-import-not-at-top
-  import sympy  # pylint: disable=g-import-not-at-top
   ndigits = int(ndigits)
   if abs(ndigits) > 50:
     raise CalculatorError("too many digits to round to")
@@ -83,8 +84,6 @@ def _preprocess(query: str) -> str:
 
 
 def _to_tree(s: str) -> ast.Expression:
-  # pylint: disable-next=g-import-not-at-top
-  from sympy.parsing import sympy_parser as sp
   _, functions, atoms, constants = _sympy_namespace()
   names = {**functions, **atoms, **constants}
   transformations = sp.standard_transformations + (
@@ -227,7 +226,6 @@ def evaluate(query: str) -> str:
 
 def format_value(value) -> str:
   """Clean text for a SymPy value (see the module docstring)."""
-  import sympy  # pylint: disable=g-import-not-at-top
   if not isinstance(value, sympy.Basic):
     value = sympy.sympify(value)
   if value.has(sympy.zoo) or value.has(sympy.oo) or value.has(-sympy.oo):
@@ -274,7 +272,6 @@ def _float_text(x):
 
 
 def _approx(value):
-  import sympy  # pylint: disable=g-import-not-at-top
   approx = sympy.N(value, _APPROX_DIGITS)
   if approx.is_Float and abs(approx) < 1e300:
     return f"{float(approx):.{_APPROX_DIGITS}g}"
@@ -282,7 +279,7 @@ def _approx(value):
 
 
 def _warm_up():
-  evaluate("1+1")  # Imports SymPy and its parser.
+  evaluate("1+1")  # Warms SymPy's parser and caches.
 
 
 def _worker_evaluate(query):

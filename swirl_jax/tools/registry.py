@@ -16,6 +16,7 @@ from typing import Callable
 from swirl_jax import paths
 from swirl_jax.tools import calculator, sandbox, search
 
+# A tool takes a batch of arguments and returns one observation text each.
 BatchTool = Callable[[list[str]], list[str]]
 TOOLS = ("calculator", "search", "python")
 _FORBIDDEN: list[str] = []  # Reasons tools may not be built right now.

@@ -14,6 +14,7 @@ import pathlib
 from typing import Mapping
 
 import jax
+import tqdm
 
 from swirl_jax import jsonl
 
@@ -51,11 +52,12 @@ class MetricWriter:
     _truncate_jsonl(path, initial_step)
     self._path = path
     if tensorboard:
+      # Here, not at the top: tensorboardX imports torch when it is
+      # installed (a second), which only writers with TensorBoard pay.
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(str(workdir / "tensorboard"),
                                purge_step=initial_step + 1)
     if progress:
-      import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm.tqdm(total=total_steps, initial=initial_step,
                             unit="step", dynamic_ncols=True)
 

@@ -29,6 +29,7 @@ norm leaves params and optimizer state as they were and counts the step in
 """
 
 import functools
+import math
 from typing import Iterable
 
 import jax
@@ -43,6 +44,7 @@ from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.ops import logprobs as lp_ops
 from swirl_jax.ops import losses
+from swirl_jax.training import defaults
 from swirl_jax.training import lora
 from swirl_jax.training.optimizer import clip_by_global_norm
 from swirl_jax.training.state import TrainState
@@ -236,50 +238,74 @@ class TrainStep:
     loss_cfg.update(dict(config.get("loss", {}).items()))
     if loss_cfg.kind not in LOSS_KINDS:
       raise ValueError(f"loss.kind {loss_cfg.kind!r}; valid: {LOSS_KINDS}")
-    self.micro_batches = int(config.get("micro_batches", 1))
+    self.config = config
     optim = config.get("optim", None)
     grad_clip = float(optim.get("grad_clip", 1.0)) if optim else 1.0
     self.mesh, self.rules, self.shardings = mesh, rules, shardings
     self._fn = functools.partial(
         train_step, cfg=cfg, loss_cfg=loss_cfg,
         lora_cfg=config.get("lora", None), tx=tx, schedule=schedule,
-        grad_clip=grad_clip, micro_batches=self.micro_batches)
-    self._compiler_options = compiler_options  # XLA options, e.g. for TPU.
-    self._jitted = {}
+        grad_clip=grad_clip)
+    self._jitted = per_batch_size(lambda batch_sharding, m: jax.jit(
+        functools.partial(self._fn, micro_batches=m), donate_argnums=(0,),
+        compiler_options=compiler_options,  # XLA options, e.g. for TPU.
+        in_shardings=(shardings, batch_sharding),
+        out_shardings=(shardings, NamedSharding(mesh, P()))), mesh, rules)
 
   def batch_sharding(self, batch_size: int) -> NamedSharding:
-    """One sharding for every batch leaf: rows over the batch axes."""
-    spec = shd.logical_to_spec(("batch",), (batch_size,), self.mesh,
-                               self.rules)
-    return NamedSharding(self.mesh, spec)
+    return batch_sharding(self.mesh, batch_size, self.rules)
 
-  def jitted(self, batch_size: int):
-    if batch_size % self.micro_batches:
+  def micro_batches(self, batch_size: int, length: int) -> int:
+    """`config.micro_batches`, or (0) as the token budget asks for."""
+    spec = self.batch_sharding(batch_size).spec
+    axes = spec[0] if spec else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    shards = math.prod(self.mesh.shape[a] for a in axes)
+    return defaults.micro_batches_for(self.config, batch_size, length, shards)
+
+  def jitted(self, batch_size: int, length: int = 0):
+    m = self.micro_batches(batch_size, length)
+    if batch_size % m:
       raise ValueError(f"batch size {batch_size} is not a multiple of "
-                       f"micro_batches={self.micro_batches}")
-    if batch_size not in self._jitted:
-      self._jitted[batch_size] = jax.jit(
-          self._fn, donate_argnums=(0,),
-          compiler_options=self._compiler_options,
-          in_shardings=(self.shardings, self.batch_sharding(batch_size)),
-          out_shardings=(self.shardings, NamedSharding(self.mesh, P())))
-    return self._jitted[batch_size]
+                       f"micro_batches={m}")
+    return self._jitted(batch_size, m)
 
   def __call__(self, state: TrainState, batch):
     batch = self.place(batch)
     with shd.use_mesh(self.mesh, self.rules):
-      return self.jitted(batch["tokens"].shape[0])(state, batch)
+      return self.jitted(*batch["tokens"].shape)(state, batch)
 
   def lower(self, state: TrainState, batch):
     """The lowered step (`.compile().memory_analysis()`, cost analysis)."""
     batch = self.place(batch)
     with shd.use_mesh(self.mesh, self.rules):
-      return self.jitted(batch["tokens"].shape[0]).lower(state, batch)
+      return self.jitted(*batch["tokens"].shape).lower(state, batch)
 
   def place(self, batch):
     """Host arrays -> batch-sharded device arrays with canonical dtypes."""
     b = len(batch["tokens"])
     return place_batch(batch, self.batch_sharding(b))
+
+
+def batch_sharding(mesh: Mesh, batch_size: int,
+                   rules=shd.DEFAULT_RULES) -> NamedSharding:
+  """One sharding for every batch leaf: rows over the batch axes."""
+  spec = shd.logical_to_spec(("batch",), (batch_size,), mesh, rules)
+  return NamedSharding(mesh, spec)
+
+
+def per_batch_size(jit_for, mesh: Mesh, rules=shd.DEFAULT_RULES):
+  """`get(batch_size, *args)`: `jit_for(the batch sharding, *args)`, built
+  once per size and args (e.g. the micro-batch count).
+
+  The batch's sharding depends on its size (rows split over the batch
+  axes only when they divide), so each size gets its own jitted function;
+  jit's own cache then holds one program per shape.
+  """
+  @functools.cache
+  def get(batch_size: int, *args):
+    return jit_for(batch_sharding(mesh, batch_size, rules), *args)
+  return get
 
 
 def place_batch(batch, sharding: NamedSharding):
@@ -337,17 +363,15 @@ def make_logprob_fn(cfg: ModelConfig, mesh: Mesh, param_shardings, *,
     logp, _ = token_logprobs(params, cfg, batch, chunk_size=chunk_size)
     return jnp.pad(logp, ((0, 0), (1, 0)))
 
-  jitted = {}
+  jitted = per_batch_size(lambda sharding: jax.jit(
+      fn, in_shardings=(param_shardings, sharding), out_shardings=sharding),
+                          mesh, rules)
 
   def call(params, batch):
     b = len(batch["tokens"])
-    spec = shd.logical_to_spec(("batch",), (b,), mesh, rules)
-    sharding = NamedSharding(mesh, spec)
-    if b not in jitted:
-      jitted[b] = jax.jit(fn, in_shardings=(param_shardings, sharding),
-                          out_shardings=sharding)
     with shd.use_mesh(mesh, rules):
-      return jitted[b](params, place_batch(batch, sharding))
+      return jitted(b)(params, place_batch(batch,
+                                           batch_sharding(mesh, b, rules)))
   return call
 
 

@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 from swirl_jax import sharding as shd
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.training import checkpoint as ckpt_lib
+from swirl_jax.training import defaults
 from swirl_jax.training import lora
 from swirl_jax.training import metrics as metrics_lib
 from swirl_jax.training import optimizer
@@ -37,9 +38,13 @@ def default_config() -> ml_collections.ConfigDict:
   """Every field the training core reads, with its default."""
   return ml_collections.ConfigDict(dict(
       seed=0,
-      mesh=[("data", -1), ("fsdp", 1), ("tensor", 1)],
+      # 'auto' (training/defaults.py: FSDP for >= 1B params, else data
+      # parallel) or a list of (axis, size) with at most one size -1.
+      mesh="auto",
       num_steps=100,  # optimizer steps.
-      micro_batches=1,  # gradient accumulation inside one step.
+      # Gradient accumulation inside one step; 0: from the token budget.
+      micro_batches=0,
+      tokens_per_device=8192,  # per micro-batch, when micro_batches is 0.
       ppo_epochs=1,  # passes over each rollout batch.
       mini_batch_size=0,  # rows per step within a batch; 0: the whole batch.
       optim=optimizer.default_config(),
@@ -58,8 +63,13 @@ class Trainer:
                rules=shd.DEFAULT_RULES):
     c = self.config = config
     self.workdir, self.model_cfg = pathlib.Path(workdir), model_cfg
-    self.mesh = mesh if mesh is not None else shd.make_mesh(c.mesh)
+    if mesh is None:
+      mesh = shd.make_mesh(defaults.resolve_mesh(
+          c.mesh, defaults.num_params(model_cfg)))
+    self.mesh = mesh
     self.lora_cfg = c.lora if lora.enabled(c.get("lora")) else None
+    # One program for every merge (sampling each iteration, export).
+    self._merge = jax.jit(lambda f, a: lora.merge(f, a, self.lora_cfg))
     self.tx, self.schedule = optimizer.make_optimizer(c.optim, c.num_steps)
     self.ckpt = ckpt_lib.Checkpointer(
         str(self.workdir), every=c.checkpoint_every,
@@ -131,8 +141,7 @@ class Trainer:
     """Model params for sampling (LoRA merged; a fresh copy then)."""
     if self.state.frozen is None:
       return self.state.params
-    return jax.jit(lambda f, a: lora.merge(f, a, self.lora_cfg))(
-        self.state.frozen, self.state.params)
+    return self._merge(self.state.frozen, self.state.params)
 
   def export_hf(self, path: str | None = None, tokenizer=None) -> str:
     return ckpt_lib.export_hf(self.state, self.model_cfg,

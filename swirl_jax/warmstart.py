@@ -32,6 +32,7 @@ from swirl_jax.rollout import batching, prompts
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.rollout.scripted import ScriptedSampler
+from swirl_jax.tasks import checkers
 from swirl_jax.tasks import synthetic
 from swirl_jax.training import trainer as trainer_lib
 
@@ -116,7 +117,7 @@ def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
                               loop_lib.RolloutConfig(fmt=fmt,
                                                      max_turns=max_turns))
   trajs = loop.run(tasks)
-  loop_lib.score(trajs, tasks)
+  checkers.score_trajectories(trajs, tasks)
   return trajs
 
 

@@ -1,0 +1,153 @@
+r"""Rollout wall time: the lock-step loop against the engine, one workload.
+
+A SimpleTIR-shaped workload run through `loop.RolloutLoop` (every turn
+waits for its longest row, then for every tool call of the batch) and
+`engine.RolloutEngine` (continuous batching, tools beside decode), same
+model, tasks, seed and sandbox, in one run. The model is the SimpleTIR CPU
+demo's "mini" policy shape (random weights, the bundled vocabulary); EOS
+and stop strings are off and each turn samples exactly its replayed length
+(per-row `max_new_tokens`), so decode costs what it costs at those lengths.
+Each turn but the last runs a Python snippet in the real sandbox
+(tools/sandbox.py); the last answers (half of them through
+`final_answer(...)` in code, which runs too).
+
+No recorded SimpleTIR rollout exists on disk (the CPU demo's `rollouts/`
+is written only by running the demo), so the lengths are generated from
+the demo's settings (configs/simpletir_demo.py: 5 turns, 48 new tokens a
+turn, 320 a trajectory, groups of 8): turns per trajectory 1-5 with
+weights (.2, .35, .25, .12, .08), per-turn lengths log-normal (median 18
+tokens, sigma 0.8) clipped to 4..48, so about one turn in ten is cut at
+the cap, as a small policy's are.
+
+Both sides run the workload twice; the second run is timed (the first
+compiles). Prints a summary, then one JSON line.
+
+  python benchmarks/rollout.py [--prompts=8] [--group=4] [--slots=32]
+      [--decode-batch=16] [--chunk-steps=8] [--temperature=0]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import zlib
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from swirl_jax import config_lib
+from swirl_jax.models import loading
+from swirl_jax.rollout import engine as engine_lib
+from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout.scripted import replaying
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from swirl_jax.tasks import synthetic
+from swirl_jax.tools import parsing, registry
+
+MAX_TURNS, MAX_NEW, MAX_RESPONSE = 5, 48, 320  # The CPU demo's.
+SNIPPETS = (
+    "x = 17 * 23\nprint(x)",
+    "total = 0\nfor i in range(1, 101):\n    total += i\nprint(total)",
+    "import math\nprint(math.comb(12, 5), math.factorial(7))",
+    "from fractions import Fraction\nprint(Fraction(3, 4) + Fraction(5, 6))",
+    "print(sorted([13, 4, 9, 21, 2])[2])",
+)
+
+
+def _rng(traj_id: str, turn: int) -> np.random.RandomState:
+  return np.random.RandomState(zlib.crc32(f"{traj_id}/{turn}".encode()))
+
+
+def num_turns(traj_id: str) -> int:
+  return 1 + int(_rng(traj_id, -1).choice(5, p=(.2, .35, .25, .12, .08)))
+
+
+def turn_length(traj_id: str, turn: int) -> int:
+  n = _rng(traj_id, turn).lognormal(np.log(18.0), 0.8)
+  return int(np.clip(round(n), 4, MAX_NEW))
+
+
+def action(traj_id: str, turn: int) -> parsing.ParsedTurn:
+  r = _rng(traj_id, 100 + turn)
+  if turn < num_turns(traj_id) - 1:
+    return parsing.ParsedTurn("call", tool=parsing.PYTHON_TOOL,
+                              argument=SNIPPETS[r.randint(len(SNIPPETS))])
+  if r.rand() < 0.5:
+    return parsing.ParsedTurn("call", tool=parsing.PYTHON_TOOL,
+                              argument="final_answer(6 * 7)", final=True)
+  return parsing.ParsedTurn("answer", answer="42")
+
+
+def _load():
+  return os.getloadavg()[0]
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser()
+  p.add_argument("--prompts", type=int, default=8)
+  p.add_argument("--group", type=int, default=4)
+  p.add_argument("--slots", type=int, default=32)
+  p.add_argument("--decode-batch", type=int, default=16)
+  p.add_argument("--chunk-steps", type=int, default=8)
+  p.add_argument("--temperature", type=float, default=0.0)
+  a = p.parse_args(argv)
+
+  load_before = _load()
+  cfg, params, tok = loading.load_policy(config_lib.model_config("mini", ""))
+  sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=768,
+                                                    eos_ids=()))
+  tools = registry.build_tools(("python",))
+  rc = loop_lib.RolloutConfig(fmt="simpletir", max_turns=MAX_TURNS,
+                              max_new_tokens=MAX_NEW,
+                              max_response_tokens=MAX_RESPONSE,
+                              temperature=a.temperature, seed=0)
+  ec = engine_lib.EngineConfig(slots=a.slots, decode_batch=a.decode_batch,
+                               chunk_steps=a.chunk_steps)
+  ref = replaying(loop_lib.RolloutLoop, turn_length, action)(
+      sampler, tok, tools, rc)
+  eng = replaying(engine_lib.RolloutEngine, turn_length, action)(
+      sampler, tok, tools, rc, ec)
+  ref.stops = eng.stops = ()  # Lengths are replayed, not stopped.
+  tasks = synthetic.arithmetic_tasks(a.prompts, seed=0)
+  out = {}
+  for name, runner in (("lockstep", ref), ("engine", eng)):
+    runner.run(tasks, samples_per_task=a.group)  # Compiles.
+    out[name] = (runner.run(tasks, samples_per_task=a.group), runner.metrics)
+  (lt, lm), (et, em) = out["lockstep"], out["engine"]
+  same = all(np.array_equal(x.token_sequence()[0], y.token_sequence()[0])
+             for x, y in zip(lt, et)) and len(lt) == len(et)
+  res = dict(
+      speedup=lm["wall_s"] / em["wall_s"],
+      slot_utilisation=em["slot_utilisation"],
+      lockstep_slot_utilisation=lm["slot_utilisation"],
+      same_tokens=bool(same),
+      lockstep_wall_s=lm["wall_s"], engine_wall_s=em["wall_s"],
+      lockstep_tokens_per_s=lm["tokens_per_s"],
+      engine_tokens_per_s=em["tokens_per_s"],
+      lockstep_tool_wait_s=lm["tool_wait_s"],
+      engine_tool_wait_s=em["tool_wait_s"],
+      engine_idle_s=em.get("idle_s", 0.0),
+      engine_decode_s=em.get("decode_s", 0.0),
+      engine_append_s=em.get("append_s", 0.0),
+      engine_decode_chunks=em.get("decode_chunks", 0.0),
+      lockstep_longest_row_share=lm["longest_row_share"],
+      engine_longest_row_share=em["longest_row_share"],
+      tokens=em["tokens"], tool_calls=em["tool_calls"], rows=len(et),
+      turns=float(np.mean([len(t.turns) for t in et])),
+      engine_programs=dict(eng.trace_counts),
+      slots=a.slots, decode_batch=a.decode_batch, chunk_steps=a.chunk_steps,
+      temperature=a.temperature, load_before=load_before,
+      load_after=_load(), sandbox_isolation=registry.sandbox.Sandbox(
+      ).isolation)
+  print(f"lock-step {lm['wall_s']:.2f}s ({lm['tokens_per_s']:.0f} tok/s, "
+        f"utilisation {lm['slot_utilisation']:.0%}); engine "
+        f"{em['wall_s']:.2f}s ({em['tokens_per_s']:.0f} tok/s, utilisation "
+        f"{em['slot_utilisation']:.0%}); speedup {res['speedup']:.2f}x; "
+        f"same tokens: {same}")
+  print(json.dumps(res))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,367 @@
+"""Several processes, one job: start-up, work split, global batches, writers.
+
+A TPU pod slice or a SLURM job runs one process per host; they form one
+SPMD program over a global mesh. This module holds what every job needs for
+that, on top of `jax.distributed` and `jax.experimental.multihost_utils`:
+
+- `initialize()`: `jax.distributed.initialize` from the launchers' settings.
+- `host_share(pairs, seed)`: this host's (task, sample) pairs, each with a
+  seed derived from the run seed and the pair only, so results do not
+  depend on the host count.
+- `global_batch(local, sharding)`: one global array per field from each
+  host's rows, after a cross-host check of names, shapes and dtypes that
+  fails on every host with a message naming the host that differs.
+- `gather(rows)` / `to_host(x)`: numpy values every host needs, from
+  process-local rows or from globally sharded arrays (never a `device_get`
+  of a non-addressable array).
+- `is_writer()`, `one_writer(what)`: one process writes each file.
+- `check_shared_workdir(workdir)`: a workdir every host sees, or a clear
+  error at start.
+
+Every cross-host check exchanges a fixed-size buffer, so hosts that disagree
+still run the same collective and all raise the same error instead of one
+raising and the others waiting in a collective. Every function here that
+exchanges data is a collective: call it on every host, in the same order.
+With one process they all reduce to the plain local operation.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import uuid
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+
+import jax
+import numpy as np
+from etils import epath
+from jax.experimental import multihost_utils
+
+# Settings `initialize` reads; the launchers in launch/ set them. JAX reads
+# JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS itself, too.
+COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
+NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
+PROCESS_ID_ENV = "JAX_PROCESS_ID"
+# Fixed size of one host's message in a cross-host check (names, shapes).
+_MESSAGE_BYTES = 8192
+_SEP = "\x1f"  # Between the parts of one message.
+
+
+# ---------------------------------------------------------------- start-up.
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int | None:
+  value = env.get(name, "").strip()
+  if not value:
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def is_multiprocess(env: Mapping[str, str] | None = None) -> bool:
+  """Whether the environment says this process is one of several."""
+  env = os.environ if env is None else env
+  if env.get(COORDINATOR_ENV) or env.get("COORDINATOR_ADDRESS"):
+    return True
+  for name in (NUM_PROCESSES_ENV, "SLURM_NTASKS"):
+    if (_int_env(env, name) or 1) > 1:
+      return True
+  hosts = env.get("TPU_WORKER_HOSTNAMES", "")
+  return len([h for h in hosts.split(",") if h]) > 1
+
+
+def settings(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+  """(coordinator, count, id) from JAX_* settings, then SLURM's; None: auto.
+
+  Unset values are left to JAX's cluster detection (TPU metadata, SLURM).
+  """
+  env = os.environ if env is None else env
+  slurm = "SLURM_PROCID" in env
+  count = _int_env(env, NUM_PROCESSES_ENV)
+  pid = _int_env(env, PROCESS_ID_ENV)
+  if slurm:
+    count = count if count is not None else _int_env(env, "SLURM_NTASKS")
+    pid = pid if pid is not None else _int_env(env, "SLURM_PROCID")
+  if count is not None and count < 1:
+    raise ValueError(f"{NUM_PROCESSES_ENV}={count}: want at least 1")
+  if count is not None and pid is not None and not 0 <= pid < count:
+    raise ValueError(f"process id {pid} is not in [0, {count}) "
+                     f"({PROCESS_ID_ENV}, {NUM_PROCESSES_ENV})")
+  return {"coordinator_address": env.get(COORDINATOR_ENV) or None,
+          "num_processes": count, "process_id": pid}
+
+
+def initialize(env: Mapping[str, str] | None = None,
+               timeout_s: int = 300) -> bool:
+  """Joins the job if the environment names one; True when multi-process.
+
+  Call once, before any other JAX call. CPU processes exchange data over
+  gloo (JAX's default; JAX_CPU_COLLECTIVES_IMPLEMENTATION=mpi overrides).
+  """
+  if jax.distributed.is_initialized():
+    return jax.process_count() > 1
+  if not is_multiprocess(env):
+    return False
+  if jax.config.jax_cpu_collectives_implementation is None:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(**settings(env),
+                             initialization_timeout=timeout_s)
+  return True
+
+
+# -------------------------------------------------------------- work split.
+
+
+class Pair(NamedTuple):
+  """One (task, sample) of an iteration, with its own seed."""
+  task_id: Any
+  sample: int
+  seed: int
+
+
+def pair_seed(run_seed: int, task_id: Any, sample: int) -> int:
+  """A 31-bit seed from the run seed and the pair only (never the host)."""
+  text = json.dumps([int(run_seed), str(task_id), int(sample)])
+  digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+  return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+def host_share(pairs: Sequence[tuple[Any, int]], seed: int, *,
+               process_index: int | None = None,
+               process_count: int | None = None) -> list[Pair]:
+  """This host's block of `pairs`, in order, each with its `pair_seed`.
+
+  Every host must pass the same pairs in the same order; host i takes the
+  i-th of `process_count` equal contiguous blocks, so the hosts' rows laid
+  end to end are `pairs` (the row order of one process doing all of them).
+  A count that does not divide evenly raises: the global batch needs equal
+  rows per host.
+  """
+  pid = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if len(pairs) % count:
+    raise ValueError(f"{len(pairs)} (task, sample) pairs do not split evenly "
+                     f"over {count} hosts; make the batch a multiple of "
+                     f"{count}")
+  size = len(pairs) // count
+  block = pairs[pid * size:(pid + 1) * size]
+  return [Pair(t, int(s), pair_seed(seed, t, s)) for t, s in block]
+
+
+# ----------------------------------------------------- cross-host messages.
+
+
+def _fit(text: str, limit: int) -> str:
+  """`text`, or its start and a digest of the whole when it is too long."""
+  raw = text.encode()
+  if len(raw) <= limit:
+    return text
+  digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
+  return raw[:limit - 24].decode(errors="ignore") + f"... (#{digest})"
+
+
+def _allgather_text(text: str) -> list[str]:
+  """Every host's `text`, one fixed-size all-gather (cut to fit)."""
+  if jax.process_count() == 1:
+    return [text]
+  raw = _fit(text, _MESSAGE_BYTES).encode()
+  buf = np.zeros(_MESSAGE_BYTES, np.uint8)
+  buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+  rows = multihost_utils.process_allgather(buf)
+  return [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]
+
+
+def _first_difference(texts: list[str], what: str) -> str | None:
+  """A one-line message naming the first host whose text differs from 0's."""
+  for host, text in enumerate(texts):
+    if text != texts[0]:
+      return f"{what} differ between hosts: host 0 has {texts[0]}, " \
+             f"host {host} has {text}"
+  return None
+
+
+def check_same(value: Any, what: str) -> None:
+  """Raises on every host unless all hosts pass the same JSON-able value."""
+  text = json.dumps(value, sort_keys=True, default=str)
+  digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+  _check_hosts(f"{text[:200]} (#{digest[:12]})", "", what)
+
+
+def _check_hosts(text: str, problem: str, what: str) -> None:
+  """Raises the same ValueError on every host if any host has a problem or
+  a `text` that differs from host 0's."""
+  half = _MESSAGE_BYTES // 2 - 1
+  message = _fit(text, half) + _SEP + _fit(problem, half)
+  reports = [r.split(_SEP, 1) for r in _allgather_text(message)]
+  for host, (_, why) in enumerate(reports):
+    if why:
+      raise ValueError(f"{what}: host {host}: {why}")
+  error = _first_difference([t for t, _ in reports], what)
+  if error:
+    raise ValueError(error)
+
+
+# ----------------------------------------------------------- global batches.
+
+
+def _describe(arrays: Mapping[str, np.ndarray]) -> str:
+  return "{" + ", ".join(f"{k}: {np.dtype(v.dtype).name}{list(v.shape)}"
+                         for k, v in sorted(arrays.items())) + "}"
+
+
+def _rows_of_process(sharding: jax.sharding.Sharding,
+                     global_shape: tuple[int, ...]) -> set[int]:
+  rows = set()
+  for index in sharding.addressable_devices_indices_map(global_shape).values():
+    rows.update(range(global_shape[0])[index[0]] if index else
+                range(global_shape[0]))
+  return rows
+
+
+def _layout_problem(sharding, local_rows: int) -> str:
+  """'' when this host's devices hold exactly its `host_share` block."""
+  pid, count = jax.process_index(), jax.process_count()
+  rows = _rows_of_process(sharding, (local_rows * count,))
+  block = set(range(pid * local_rows, (pid + 1) * local_rows))
+  if rows == block:
+    return ""
+  return (f"its devices hold rows {min(rows, default=0)}..."
+          f"{max(rows, default=-1)} of the batch, not its share "
+          f"{pid * local_rows}...{(pid + 1) * local_rows - 1}")
+
+
+def global_batch(local: Mapping[str, np.ndarray],
+                 sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+  """Global arrays, batch-sharded on dim 0, from this host's rows.
+
+  Each host passes its `host_share` rows (equal counts); the result is what
+  one process holding all rows would build. Before any array is made, the
+  hosts compare field names, shapes and dtypes (one small all-gather): on a
+  difference every host raises the same ValueError, naming the host.
+  """
+  text, problem = "", ""
+  try:  # Nothing may raise before the exchange: the others would wait.
+    local = {k: np.asarray(v) for k, v in local.items()}
+    text = _describe(local)
+    rows = {v.shape[0] if v.ndim else -1 for v in local.values()}
+    if len(rows) != 1 or -1 in rows:
+      problem = f"fields differ in rows or are scalars: {text}"
+    else:
+      problem = _layout_problem(sharding, rows.pop())
+  except Exception as e:  # pylint: disable=broad-except
+    problem = f"{type(e).__name__}: {e}"
+  _check_hosts(text, problem, "global batch fields")
+  return {k: jax.make_array_from_process_local_data(sharding, v)
+          for k, v in local.items()}
+
+
+# ------------------------------------------------------- results to numpy.
+
+
+def to_host(tree: Any) -> Any:
+  """numpy copies of arrays, global ones included (a collective then)."""
+  def one(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return np.asarray(jax.device_get(x))
+    if x.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
+    return multihost_utils.process_allgather(x, tiled=True)
+  return jax.tree.map(one, tree)
+
+
+def gather(tree: Any) -> Any:
+  """Every host's rows of process-local arrays, laid end to end by host.
+
+  For each host's part of a result (sampled tokens, log-probs, stop
+  reasons); global `jax.Array`s come back whole, as in `to_host`. Hosts
+  whose local shapes differ all raise a ValueError naming the host.
+  """
+  if jax.process_count() == 1:
+    return to_host(tree)
+  leaves, treedef = jax.tree.flatten(tree)
+  local = {str(i): np.asarray(x) for i, x in enumerate(leaves)
+           if not isinstance(x, jax.Array) or x.is_fully_addressable}
+  _check_hosts(_describe(local), "", "gathered values")
+  out = [multihost_utils.process_allgather(x if np.ndim(x) else
+                                           np.reshape(x, (1,)), tiled=True)
+         if str(i) in local else to_host(x) for i, x in enumerate(leaves)]
+  return jax.tree.unflatten(treedef, out)
+
+
+# -------------------------------------------------------------- one writer.
+
+
+def is_writer() -> bool:
+  """Process 0 writes the files every host would otherwise write."""
+  return jax.process_index() == 0
+
+
+def _any_failed(failed: bool) -> list[int]:
+  """The hosts that report a failure (a barrier, too)."""
+  if jax.process_count() == 1:
+    return [0] if failed else []
+  flags = multihost_utils.process_allgather(np.int32(failed))
+  return [int(i) for i in np.flatnonzero(np.reshape(flags, -1))]
+
+
+@contextlib.contextmanager
+def one_writer(what: str) -> Iterator[bool]:
+  """`with one_writer('eval report') as writing: if writing: ...`.
+
+  The body writes when `writing` (process 0). On exit every host waits for
+  the writer, so files are complete when any host goes on to read them; if
+  the writer raised, the other hosts raise a RuntimeError saying so instead
+  of going on (or waiting forever in their next collective).
+  """
+  failed = True
+  try:
+    yield is_writer()
+    failed = False
+  finally:
+    bad = _any_failed(failed)
+    if bad and not failed:
+      raise RuntimeError(f"{what}: host {bad[0]} failed while writing")
+
+
+# -------------------------------------------------------- shared workdirs.
+
+
+_CHECK_DIR = ".hosts_check"
+
+
+def check_shared_workdir(workdir: str | os.PathLike) -> None:
+  """Raises on every host unless every host sees process 0's `workdir`.
+
+  Process 0 writes a token file there; after a sync every host reads it
+  back. Any `etils.epath` path works (local, NFS, `gs://`). One process:
+  nothing to check.
+  """
+  if jax.process_count() == 1:
+    return
+  where = epath.Path(workdir) / _CHECK_DIR
+  token, problem = uuid.uuid4().hex, ""
+  if is_writer():
+    try:
+      where.mkdir(parents=True, exist_ok=True)
+      (where / token).write_text(token)
+    except Exception as e:  # pylint: disable=broad-except
+      # Any failure must reach the exchange below, or the others would wait.
+      problem = f"cannot write {where}: {e}"
+  _check_hosts("", problem, f"workdir {os.fspath(workdir)}")
+  token, first = _allgather_text(f"{token}{_SEP}{where}")[0].split(_SEP)
+  try:
+    seen = (where / token).read_text() == token
+  except Exception:  # pylint: disable=broad-except
+    seen = False
+  problem = "" if seen else (
+      f"no check file {where / token}, written by host 0 under {first}; put "
+      f"the workdir on storage every host sees (NFS, a gcsfuse mount, gs://)")
+  try:
+    _check_hosts("", problem, "workdir not shared by all hosts")
+  finally:
+    if is_writer():
+      with contextlib.suppress(Exception):
+        (where / token).unlink()
+        where.rmdir()

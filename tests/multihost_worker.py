@@ -1,0 +1,123 @@
+"""One process of tests/test_multihost.py: `python multihost_worker.py
+SCENARIO OUT_DIR`, with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+JAX_PROCESS_ID set for a multi-process run (unset: one process).
+
+Scenarios: `main` exercises every helper of swirl_jax.distributed and writes
+OUT_DIR/result_<process>.json; `bad_shapes` gives host 1 a batch of another
+shape and lets the error end the process.
+"""
+
+import json
+import pathlib
+import sys
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from swirl_jax import distributed  # pylint: disable=g-import-not-at-top
+from swirl_jax import sharding  # pylint: disable=g-import-not-at-top
+
+RUN_SEED = 7
+DIM = 8
+PAIRS = [(f"task{t}", s) for t in range(4) for s in range(4)]
+
+
+def _rows(share):
+  """What a rollout would make of each pair: rows from the pair's seed."""
+  x = np.stack([np.random.default_rng(p.seed).normal(size=DIM)
+                for p in share]).astype(np.float32)
+  y = np.array([np.random.default_rng(p.seed + 1).normal() for p in share],
+               np.float32)
+  return {"x": x, "y": y}
+
+
+def _step(w, batch):
+  """A train step in miniature: a loss, its gradient, updated weights, and
+  a batch-sharded per-row output (like sampled tokens)."""
+  def loss_fn(w):
+    return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+  loss, grad = jax.value_and_grad(loss_fn)(w)
+  tokens = jnp.argmax(batch["x"] * w[None, :], axis=-1).astype(jnp.int32)
+  return loss, w - 0.1 * grad, tokens
+
+
+def _writer_failure(shared):
+  try:
+    with distributed.one_writer(f"{shared}/fail.txt") as writing:
+      if writing:
+        raise OSError("disk full")
+  except (OSError, RuntimeError) as e:
+    return f"{type(e).__name__}: {e}"
+  return ""
+
+
+def _workdir_errors(out):
+  distributed.check_shared_workdir(out / "shared")  # One dir: passes.
+  try:  # Each host its own dir: not shared.
+    distributed.check_shared_workdir(out / f"own{jax.process_index()}")
+  except ValueError as e:
+    return str(e)
+  return ""
+
+
+def main_scenario(out: pathlib.Path) -> dict:
+  share = distributed.host_share(PAIRS, RUN_SEED)
+  mesh = sharding.make_mesh([("data", -1)])
+  rows = NamedSharding(mesh, P("data"))
+  batch = distributed.global_batch(_rows(share), rows)
+  w = jax.device_put(jnp.linspace(-1.0, 1.0, DIM), NamedSharding(mesh, P()))
+  loss, new_w, tokens = jax.jit(_step)(w, batch)
+  try:
+    np.asarray(tokens)
+    direct = "ok"
+  except RuntimeError:
+    direct = "RuntimeError"
+  share_ids = np.array([[PAIRS.index((p.task_id, p.sample)), p.seed]
+                        for p in share], np.int64)
+  stop = np.array([p.seed % 3 for p in share], np.int32)
+  gathered = distributed.gather({"pairs": share_ids, "stop": stop})
+  shared = out / "shared"
+  with distributed.one_writer("log") as writing:
+    if writing:
+      shared.mkdir(exist_ok=True)
+      with open(shared / "log.txt", "a", encoding="utf-8") as f:
+        f.write("one line\n")
+  return {
+      "process": jax.process_index(), "processes": jax.process_count(),
+      "devices": jax.device_count(),
+      "share": [[p.task_id, p.sample, p.seed] for p in share],
+      "all_pairs": gathered["pairs"].tolist(),
+      "stop": gathered["stop"].tolist(),
+      "loss": float(distributed.to_host(loss)),
+      "new_w": distributed.to_host(new_w).tolist(),
+      "tokens": distributed.to_host(tokens).tolist(),
+      "direct_device_get": direct,
+      "log_lines": (shared / "log.txt").read_text().splitlines(),
+      "writer_failure": _writer_failure(shared),
+      "workdir_error": _workdir_errors(out),
+  }
+
+
+def bad_shapes_scenario() -> None:
+  mesh = sharding.make_mesh([("data", -1)])
+  # Host 1 ended up with longer rows (as after a sandbox timeout).
+  length = 16 if jax.process_index() == 0 else 24
+  local = {"tokens": np.zeros((4, length), np.int32)}
+  distributed.global_batch(local, NamedSharding(mesh, P("data")))
+
+
+def main():
+  scenario, out = sys.argv[1], pathlib.Path(sys.argv[2])
+  distributed.initialize(timeout_s=60)
+  if scenario == "bad_shapes":
+    bad_shapes_scenario()
+    return
+  result = main_scenario(out)
+  path = out / f"result_{jax.process_index()}.json"
+  path.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()

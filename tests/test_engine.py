@@ -1,0 +1,200 @@
+"""The rollout engine against the lock-step loop: same tokens, log-probs and
+masks under greedy and seeded sampling, tools running beside decode, a
+fixed set of compiled programs, attention over the live prefix."""
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swirl_jax import config_lib
+from swirl_jax.models import decoder, loading
+from swirl_jax.rollout import engine as engine_lib
+from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout.scripted import replaying
+from swirl_jax.sampling import distribution
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from swirl_jax.tasks import synthetic
+from swirl_jax.tasks.records import Task
+from swirl_jax.tools import parsing, registry
+
+SMALL = engine_lib.EngineConfig(slots=4, decode_batch=2, chunk_steps=4,
+                                tool_workers=4)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg, params, tok = loading.load_policy(config_lib.model_config("tiny", ""))
+  sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=1024))
+  return cfg, params, tok, sampler
+
+
+@pytest.fixture(scope="module")
+def calc_tools():
+  return registry.build_tools(("calculator",))
+
+
+def _h(traj_id, turn, n):
+  return zlib.crc32(f"{traj_id}/{turn}".encode()) % n
+
+
+def _lengths(traj_id, turn):
+  return 3 + _h(traj_id, turn, 23)  # Rows out of step with each other.
+
+
+def _calc_action(traj_id, turn):
+  """Calls the calculator for 1-3 turns, then answers."""
+  if turn < 1 + _h(traj_id, -1, 3):
+    return parsing.ParsedTurn("call", tool="calculator",
+                              argument=f"{turn} + {len(traj_id)}")
+  return parsing.ParsedTurn("answer", answer="7")
+
+
+def _pair(tiny, tools, rc, engine=SMALL, action=_calc_action, stops=None):
+  _, _, tok, sampler = tiny
+  ref = replaying(loop_lib.RolloutLoop, _lengths, action)(
+      sampler, tok, tools, rc)
+  eng = replaying(engine_lib.RolloutEngine, _lengths, action)(
+      sampler, tok, tools, rc, engine)
+  if stops is not None:
+    ref.stops = eng.stops = stops
+  return ref, eng
+
+
+def _same(a, b):
+  assert [t.id for t in a] == [t.id for t in b]
+  for x, y in zip(a, b):
+    assert len(x.turns) == len(y.turns)
+    for s, t in zip(x.turns, y.turns):
+      assert s.action_ids == t.action_ids
+      assert s.text == t.text and s.stop_reason == t.stop_reason
+      assert s.observation_ids == t.observation_ids
+      np.testing.assert_allclose(s.action_logprobs, t.action_logprobs,
+                                 atol=2e-5)
+    assert x.meta == y.meta and x.final_answer == y.final_answer
+    tx, mx, _ = x.token_sequence()
+    ty, my, _ = y.token_sequence()
+    np.testing.assert_array_equal(tx, ty)
+    np.testing.assert_array_equal(mx, my)
+
+
+def _teacher_check(cfg, params, trajs, rc):
+  """Behaviour log-probs = a teacher-forced pass's, under the distribution
+  the tokens were drawn from (temperature, top-k, top-p)."""
+  fwd = jax.jit(lambda p, t: decoder.forward(p, cfg, t)[0])
+  for traj in trajs:
+    tokens, mask, logps = traj.token_sequence()
+    logits = fwd(params, tokens[None])[0, :-1]
+    n = logits.shape[0]
+    w = distribution.sampling_logits(
+        logits, jnp.full(n, rc.temperature), jnp.full(n, rc.top_k),
+        jnp.full(n, rc.top_p))
+    lp = jax.nn.log_softmax(w, -1)
+    ref = np.take_along_axis(np.asarray(lp), tokens[1:, None], 1)[:, 0]
+    m = mask[1:] == 1
+    assert m.sum() > 0
+    np.testing.assert_allclose(logps[1:][m], ref[m], atol=2e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_engine_equals_lockstep(tiny, calc_tools, temperature):
+  """6 rows in 4 cache rows, 2 decoded at a time: rows are prefilled into
+  freed rows, stop at different lengths, call the calculator 1-3 times;
+  frequent stop strings make false stops that continue the turn."""
+  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
+                              temperature=temperature, seed=5)
+  ref, eng = _pair(tiny, calc_tools, rc, stops=("\n\n\n", "e"))
+  tasks = synthetic.arithmetic_tasks(3, seed=2)
+  a = ref.run(tasks, samples_per_task=2)
+  b = eng.run(tasks, samples_per_task=2)
+  _same(a, b)
+  assert any(len(t.turns) > 2 for t in b)
+  assert eng.metrics["false_stops"] > 0
+  assert all(t.final_answer == "7" for t in b)
+  m = eng.metrics
+  assert m["tool_calls"] == sum(len(t.turns) - 1 for t in b)
+  assert m["tokens"] == sum(len(t.action_ids) for tr in b for t in tr.turns)
+  assert 0 < m["slot_utilisation"] <= 1 and 0 < m["longest_row_share"] <= 1
+  assert m["tokens_per_s"] > 0 and m["tool_wait_s"] > 0
+
+
+def test_logprobs_equal_teacher_forcing(tiny, calc_tools):
+  cfg, params, _, _ = tiny
+  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
+                              temperature=1.0, top_k=50, top_p=0.95)
+  _, eng = _pair(tiny, calc_tools, rc)
+  trajs = eng.run(synthetic.arithmetic_tasks(2, seed=4), samples_per_task=2)
+  _teacher_check(cfg, params, trajs, rc)
+  for traj in trajs:  # Masks: the model's tokens only.
+    tokens, mask, logps = traj.token_sequence()
+    assert tokens[mask == 1].tolist() == [i for t in traj.turns
+                                          for i in t.action_ids]
+    assert np.all(logps[mask == 0] == 0)
+
+
+def test_fixed_programs_and_live_prefix(tiny, calc_tools):
+  """A second rollout of other tasks and seeds compiles nothing; attention
+  reads a bucket of the live context, never the whole cache."""
+  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
+                              temperature=1.0)
+  _, eng = _pair(tiny, calc_tools, rc)
+  eng.run(synthetic.arithmetic_tasks(4, seed=6))
+  before = dict(eng.trace_counts)
+  eng.config = loop_lib.RolloutConfig(fmt="swirl", max_turns=3,
+                                      max_new_tokens=32, seed=9)
+  eng.run(synthetic.arithmetic_tasks(4, seed=7))
+  assert dict(eng.trace_counts) == before
+  assert sum(before.values()) <= 8, before
+  longest = max(k[-1] for k in eng.shapes)
+  assert longest <= 384 < eng._S  # pylint: disable=protected-access
+
+
+def test_tools_run_while_others_decode(tiny):
+  """Sandbox calls that take a while: the other rows keep decoding, and
+  the trajectories equal the lock-step loop's."""
+  tools = registry.build_tools(("python",))
+
+  def action(traj_id, turn):
+    if turn == 0:
+      slow = _h(traj_id, 0, 2) == 0
+      code = ("import time; time.sleep(0.4)\n" if slow else "") + \
+          "print(6 * 7)"
+      return parsing.ParsedTurn("call", tool="python", argument=code)
+    return parsing.ParsedTurn("answer", answer="42")
+
+  rc = loop_lib.RolloutConfig(fmt="simpletir", max_turns=3,
+                              max_new_tokens=40, temperature=0.0)
+  ref, eng = _pair(tiny, tools, rc, action=action,
+                   engine=engine_lib.EngineConfig(slots=4, decode_batch=4,
+                                                  chunk_steps=4))
+  tasks = [Task(f"m{i}", "6*7?", ("42",), "math") for i in range(4)]
+  a, b = ref.run(tasks), eng.run(tasks)
+  _same(a, b)
+  assert all("Code execution result: 42" in t.turns[0].observation
+             for t in b)
+  assert eng.metrics["decode_chunks_beside_tools"] > 0
+
+
+def test_rows_out_of_room_end_cleanly(tiny, calc_tools):
+  """An observation that leaves no room in the row's context ends the row
+  ('context_full'), as in the loop, never past the cache; a prompt that
+  does not fit is a clear error."""
+  cfg, params, tok, _ = tiny
+  sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=320))
+  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=8, max_new_tokens=40,
+                              temperature=0.0)
+  always_call = lambda i, k: parsing.ParsedTurn("call", tool="calculator",
+                                                argument="1 + 1")
+  eng = replaying(engine_lib.RolloutEngine, lambda i, k: 40 + k, always_call)(
+      sampler, tok, calc_tools, rc, SMALL)
+  trajs = eng.run(synthetic.arithmetic_tasks(3, seed=1))
+  for t in trajs:
+    assert t.meta.get("context_full") and not t.meta.get("turn_cap")
+    kept = t.token_sequence()[0].size - len(t.turns[-1].observation_ids)
+    assert kept <= 320
+  small = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=64))
+  with pytest.raises(ValueError, match="max_cache_len"):
+    engine_lib.RolloutEngine(small, tok, calc_tools, rc, SMALL).run(
+        synthetic.arithmetic_tasks(1, seed=1))
