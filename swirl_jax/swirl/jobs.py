@@ -239,6 +239,7 @@ def _rl(c, workdir):
     ref_params = loading.load_policy(_base(c, workdir), seed=c.seed)[1]
     ref_fn = step_lib.make_logprob_fn(cfg, trainer.mesh,
                                       trainer.shardings.params)
+  probe = probes.Probe.for_trainer(trainer)  # One jitted forward, reused.
   ok = False
   try:
     for it, batch_units in stage2.unit_batches(units, s.states_per_step,
@@ -256,8 +257,7 @@ def _rl(c, workdir):
         batch["ref_logprobs"] = ref_fn(ref_params, batch)
       trainer.update(batch, extra=dict(
           stage2.reward_stats(rewards), iteration=float(it),
-          **probes.Probe.for_trainer(trainer).mismatch(
-              trainer.policy_params(), batch)))
+          **probe.mismatch(trainer.policy_params(), batch)))
     ok = True
   finally:
     trainer.close(save=ok)
