@@ -161,3 +161,55 @@ def test_report_table_and_compare_carry_the_diagnostics(tmp_path):
   s = report.summary(report.iterations(tmp_path))
   assert s["grad_norm_void_mean"] == 3.0 and s["grad_norm_kept_mean"] == 1.5
   assert s["low_p_share_void_mean"] == 0.5
+
+
+@pytest.mark.parametrize("kind", ["clipped_surrogate", "stepwise_pg"])
+def test_tis_is_a_loss_option_of_both_losses_off_by_default(tiny, kind):
+  """`loss.tis_cap` > 0: the probe's forward leaves the trainer's log-probs
+  in the batch and the step weights each token's loss by
+  min(pi_trainer / pi_sampler, cap) (NumPy reference). Off by default."""
+  cfg, params, tok, _ = tiny
+  assert step_lib.default_loss_config().tis_cap == 0.0
+  batch = _sampled_batch(params, cfg, tok, "bfloat16")
+  batch["advantages"] = np.array([1.0, -0.5, 2.0, -1.0], np.float32)
+  mesh = shd.make_mesh([("data", -1), ("fsdp", 1), ("tensor", 1)])
+  shardings = jax.tree.map(lambda x: x.sharding, params)
+  cap = 1.001
+  loss_cfg = step_lib.default_loss_config()
+  loss_cfg.update(kind=kind, tis_cap=cap)
+  probe = probes.Probe(cfg, mesh, shardings, loss_cfg)
+  m = probe.mismatch(params, batch)
+  b = {k: np.asarray(v) for k, v in batch.items()}
+  old, beh = b["old_logprobs"][:, 1:], b["behaviour_logprobs"][:, 1:]
+  mask, adv = b["loss_mask"][:, 1:], b["advantages"][:, None]
+  w = np.minimum(np.exp(np.float64(old) - beh), cap) * mask
+  assert 0 < (w[mask > 0] >= cap).mean() < 1  # Some tokens truncated.
+  loss, metrics = step_lib.policy_loss(params, cfg, loss_cfg, b)
+  if kind == "clipped_surrogate":  # Same params: ratio 1, token mean.
+    want = (-adv * w).sum() / mask.sum()
+  else:  # Per row: -A * sum_t logp * w, then the row mean.
+    want = (-adv * old * w).sum(-1).mean()
+  assert float(loss) == pytest.approx(want, rel=1e-4)
+  assert float(metrics["tis_weight_mean"]) == pytest.approx(
+      w[mask > 0].mean(), rel=1e-5)
+  assert float(metrics["mismatch_abs_mean"]) == pytest.approx(
+      m["mismatch_abs_mean"], rel=1e-4)
+  loss_cfg.tis_cap = 0.0  # Off: no weights, and the plain loss.
+  plain, metrics = step_lib.policy_loss(params, cfg, loss_cfg, b)
+  assert "tis_weight_mean" not in metrics
+  assert float(plain) != pytest.approx(want, rel=1e-4)
+
+
+def test_swirl_reward_stats_by_hand():
+  from swirl_jax.swirl import stage2  # pylint: disable=g-import-not-at-top
+  r_BG = np.array([[0.9, 0.2], [0.6, 0.4], [1.0, 0.0]])
+  s = stage2.reward_stats(r_BG)
+  # Sorted: 0, .2, .4, .6, .9, 1; numpy's linear percentiles at
+  # (n-1) q = 0.5, 2.5, 4.5 positions.
+  assert s["reward"] == pytest.approx(3.1 / 6)
+  assert s["reward_std"] == pytest.approx(np.sqrt(np.mean(
+      (np.array([0.9, 0.2, 0.6, 0.4, 1.0, 0.0]) - 3.1 / 6) ** 2)))
+  assert s["reward_p10"] == pytest.approx(0.1)
+  assert s["reward_p50"] == pytest.approx(0.5)
+  assert s["reward_p90"] == pytest.approx(0.95)
+  assert s["reward_good_share"] == pytest.approx(0.5)  # .9, .6, 1.0

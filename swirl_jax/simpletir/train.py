@@ -83,8 +83,10 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   groups = grpo.GroupConfig.from_config(c.grpo)
   start = trainer.data_pos
   grad_every = int(c.get("void_grad_every", 0))
+  # TIS (loss.tis_cap > 0) weights by the mismatch forward's log-probs.
+  mismatch = c.get("log_mismatch", True) or c.train.loss.tis_cap > 0
   probe = (probes.Probe.for_trainer(trainer)
-           if c.get("log_mismatch", True) or grad_every else None)
+           if mismatch or grad_every else None)
   ok = False
   try:
     for it, batch_tasks in prompt_batches(tasks, c.prompts_per_step, c.seed,
@@ -106,7 +108,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
       if grad_every and it % grad_every == 0:
         stats.update(split_grad_norms(probe, params, trajs, rows, adv, groups,
                                       max_len=c.get("max_seq_len") or None))
-      if len(rows) and c.get("log_mismatch", True):
+      if len(rows) and mismatch:
         stats.update(probe.mismatch(params, batch))
       if len(rows):
         trainer.update(batch, extra=stats)

@@ -8,7 +8,10 @@
 params that sampled them and compares with the sampler's log-probs
 (`ops.losses.mismatch_metrics`): they differ by numerics alone, so this is
 the sampler-trainer mismatch before any update moves the params (inside
-the step, later mini-batches mix it with the policy's own change).
+the step, later mini-batches mix it with the policy's own change). With
+truncated importance sampling on (`loss.tis_cap` > 0) it also leaves those
+log-probs in `batch['old_logprobs']`, which the step's TIS weights need, so
+the one forward serves both.
 `grad_norm` is the global norm of the loss gradient on a batch, before
 clipping, as the step would take it; with LoRA it is over the merged
 params.
@@ -37,6 +40,7 @@ class Probe:
         cfg, mesh, param_shardings, chunk_size=int(self.loss_cfg.chunk_size),
         rules=rules)
     self._grad = {}
+    self.tis = float(self.loss_cfg.tis_cap) > 0
 
   @classmethod
   def for_trainer(cls, trainer) -> "Probe":
@@ -47,8 +51,11 @@ class Probe:
                trainer.config.get("loss", None))
 
   def mismatch(self, params, batch) -> dict[str, float]:
-    """`mismatch_*` metrics of `batch['behaviour_logprobs']` vs `params`."""
+    """`mismatch_*` metrics of `batch['behaviour_logprobs']` vs `params`
+    (and `batch['old_logprobs']` set, with TIS on)."""
     logp_BT = self._logp(params, batch)
+    if self.tis:
+      batch["old_logprobs"] = logp_BT
     m = losses.mismatch_metrics(
         logp_BT[:, 1:], jnp.asarray(batch["behaviour_logprobs"])[:, 1:],
         jnp.asarray(batch["loss_mask"])[:, 1:])
