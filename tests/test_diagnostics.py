@@ -213,3 +213,39 @@ def test_swirl_reward_stats_by_hand():
   assert s["reward_p50"] == pytest.approx(0.5)
   assert s["reward_p90"] == pytest.approx(0.95)
   assert s["reward_good_share"] == pytest.approx(0.5)  # .9, .6, 1.0
+
+
+def test_swirl_report_per_step_distribution_and_split_shares(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  from swirl_jax.swirl import report as swirl_report  # pylint: disable=g-import-not-at-top
+  (tmp_path / "rl").mkdir()
+  (tmp_path / "filter").mkdir()
+  dist = dict(reward_std=0.1, reward_p10=0.2, reward_p50=0.5,
+              reward_p90=0.9, reward_good_share=0.5, mismatch_kl=2e-6)
+  lines = [dict(step=1, iteration=0, reward=0.4, grad_norm=1.0, **dist),
+           dict(step=2, iteration=0, reward=0.4, grad_norm=3.0, **dist),
+           dict(step=3, iteration=1, reward=0.6, grad_norm=2.0,
+                **dict(dist, reward_good_share=0.75))]
+  (tmp_path / "rl" / "metrics.jsonl").write_text(
+      "".join(json.dumps(m) + "\n" for m in lines))
+  (tmp_path / "filter" / "report.json").write_text(json.dumps(dict(
+      process=dict(steps_in=10, steps_judged_good=4, steps_kept=4),
+      none=dict(steps_in=10, steps_judged_good=4, steps_kept=10))))
+  rows = swirl_report.stage2_steps(tmp_path)
+  assert [(r["step"], r["reward"], r["grad_norm"]) for r in rows] == [
+      (0, 0.4, 1.0), (1, 0.6, 2.0)]  # One row a step: its first update.
+  assert swirl_report.judged_shares(tmp_path) == {
+      "judged GOOD": {"stage 1 (all)": 0.4},
+      "kept": {"process": 0.4, "none": 1.0}}
+  text = swirl_report.write(tmp_path)
+  assert "| 1 | 0.600 | 0.100 | 0.200 | 0.500 | 0.900 | 0.750 | 2.00e-06 " \
+         "| 2.000 |" in text
+  assert "| kept | none | 1.000 |" in text
+  assert "| judged GOOD | stage 1 (all) | 0.400 |" in text
+  for name in ("reward.png", "judged_steps.png"):
+    assert (tmp_path / name).stat().st_size > 0
+  # Two steps: a default locator would tick 0, 0.2, ..., 1.
+  fig = swirl_report._plot_steps(rows, tmp_path / "r2.png")  # pylint: disable=protected-access
+  assert len(fig.axes) == 4  # reward, GOOD share, mismatch, grad-norm.
+  for ax in fig.axes:
+    assert all(float(t).is_integer() for t in ax.get_xticks())
