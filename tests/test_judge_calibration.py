@@ -46,6 +46,14 @@ def test_report_by_position_and_unreadable_as_bad():
   assert r["by_position"][0]["confusion"] == [[0, 0], [1, 1]]
   assert r["by_position"][1]["confusion"] == [[1, 1], [0, 0]]
   assert r["by_position"][1]["judge_good_rate"] == 0.5
+  # Readable: GOOD {0.9} vs BAD {0.2, 0.8}: 0.9 beats both.
+  assert r["auc"] == 1.0
+  assert r["mean_prob_ref_good"] == 0.9
+  assert r["mean_prob_ref_bad"] == pytest.approx(0.5)
+  # GOOD {0.3, 0.1} vs BAD {0.3, 0.6}: one tie (0.5) in four pairs.
+  assert calibration.auc([0.3, 0.3, 0.1, 0.6], [1, 0, 1, 0]) == \
+      pytest.approx(0.125)
+  assert calibration.auc([0.3, 0.4], [1, 1]) is None
   # Reference all GOOD, the judge half: p_o = p_e = 0.5.
   assert r["by_position"][0]["kappa"] == pytest.approx(0.0)
 

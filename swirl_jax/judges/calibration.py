@@ -9,7 +9,9 @@ can be scored against it:
 
 `report` holds the confusion matrix (rows: reference BAD / GOOD; columns:
 judge BAD / GOOD), agreement, Cohen's kappa, both GOOD rates, and the same
-by step position (`step_index`). A step the judge gave no readable reply
+by step position (`step_index`); over all steps also the AUC of the judge's
+P(GOOD) against the labels and its mean P(GOOD) on each side, which show a
+judge that ranks steps well but sits on the wrong side of its threshold. A step the judge gave no readable reply
 counts as BAD, as the filter counts it, and is counted in `unreadable`.
 """
 
@@ -56,6 +58,19 @@ def agreement(judge_good, ref_good) -> dict:
       ref_good_rate=float(cm[1].sum() / n) if n else None)
 
 
+def auc(judge_probs, ref_good) -> float | None:
+  """P(a reference-GOOD step scores above a reference-BAD one), ties half:
+  how well P(GOOD) ranks the steps at any threshold (0.5: chance). None
+  without both classes."""
+  p = np.asarray(judge_probs, np.float64)
+  r = np.asarray(ref_good, bool)
+  pos, neg = p[r], p[~r]
+  if not len(pos) or not len(neg):
+    return None
+  diff = pos[:, None] - neg[None, :]
+  return float(np.mean((diff > 0) + 0.5 * (diff == 0)))
+
+
 def report(judge_probs: Sequence[float | None], ref_probs: Sequence[float],
            positions: Sequence[int], *, threshold: float = 0.5,
            ref_threshold: float = 0.5) -> dict:
@@ -66,6 +81,12 @@ def report(judge_probs: Sequence[float | None], ref_probs: Sequence[float],
   pos = np.asarray(positions, np.int64)
   out = agreement(j, r)
   out["unreadable"] = sum(p is None for p in judge_probs)
+  read = np.array([p is not None for p in judge_probs], bool)
+  probs = np.array([p for p in judge_probs if p is not None], np.float64)
+  out["auc"] = auc(probs, r[read])
+  for name, side in (("ref_good", r[read]), ("ref_bad", ~r[read])):
+    out[f"mean_prob_{name}"] = float(probs[side].mean()) if side.any() \
+        else None
   out["by_position"] = {int(k): agreement(j[pos == k], r[pos == k])
                         for k in np.unique(pos)}
   return out
