@@ -15,7 +15,13 @@ Outputs in the workdir: eval/results.{json,md} (accuracy and process
 correctness, base vs SWiRL), report.md, reward.png, judged_steps.png,
 and each stage's files (see swirl_jax/swirl/jobs.py).
 
-Args: `smoke` (a 1-minute run of every stage, for tests), seed.
+Args: `smoke` (a 1-minute run of every stage, for tests), seed, seeds
+(> 0: the whole pipeline for seeds 0 .. seeds-1 in <workdir>/seed_<s>, then
+the held-out table's mean and spread over them in <workdir>/seeds.md;
+job `swirl_seeds`, swirl_jax/swirl/seeds.py):
+
+  python -m swirl_jax.main --config=configs/demo.py:seeds=3 \
+      --workdir=/tmp/swirl_demo_seeds
 """
 
 from swirl_jax import config_lib
@@ -24,7 +30,7 @@ from swirl_jax.swirl.configs import swirl_config
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, smoke=False, seed=0)
+  a = config_lib.parse_arg(arg, smoke=False, seed=0, seeds=0)
   c = swirl_config("synthetic_arith", model="mini", checkpoint="",
                    judge="programmatic", runlocal=True, seed=a.seed)
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
@@ -44,6 +50,9 @@ def get_config(arg=None):
   c.rl_train.num_steps = c.rl_iterations
   c.rl_train.checkpoint_every = 20
   c.eval.policies = ("base", "rl")
+  c.seeds = a.seeds
+  if a.seeds:
+    c.job = "swirl_seeds"
   if a.smoke:
     c.warmstart.update(tasks=32)
     c.warmstart.train.num_steps = 4

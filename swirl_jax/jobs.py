@@ -26,6 +26,8 @@ JOBS: dict[str, str] = {
     "swirl_rl": "swirl_jax.swirl.jobs:run_rl_job",
     "swirl_sft": "swirl_jax.swirl.jobs:run_sft_job",
     "swirl_eval": "swirl_jax.swirl.jobs:run_eval_job",
+    "judge_calibration": "swirl_jax.swirl.calibration:run",
+    "swirl_seeds": "swirl_jax.swirl.seeds:run",
     "simpletir_train": "swirl_jax.simpletir.train:run",
     "simpletir_eval": "swirl_jax.simpletir.evaluate:run",
     "fit": "swirl_jax.fit:run",

@@ -33,13 +33,19 @@ class GroupConfig:
     return g if g.accuracy_band else dataclasses.replace(g, accuracy_band=None)
 
 
-def select_rows(trajs: Sequence[Trajectory], g: GroupConfig):
-  """(row indices in the loss, their advantages, stats dict)."""
+def _advantages(trajs: Sequence[Trajectory], g: GroupConfig):
+  """(rewards, rows in the loss, void flags, advantages of every row)."""
   rewards = np.array([t.reward or 0.0 for t in trajs], np.float32)
   in_loss, void = void_lib.loss_rows(trajs, filter_void=g.filter_void,
                                      mask_overlong=g.mask_overlong)
   adv = adv_lib.grpo_advantages(rewards, g.group_size, use_std=g.use_std,
                                 loss_row_mask_B=in_loss)
+  return rewards, in_loss, void, adv
+
+
+def select_rows(trajs: Sequence[Trajectory], g: GroupConfig):
+  """(row indices in the loss, their advantages, stats dict)."""
+  rewards, in_loss, void, adv = _advantages(trajs, g)
   keep = in_loss.copy()
   if g.drop_zero_variance:
     keep &= adv_lib.nonzero_variance_filter(rewards, g.group_size)
@@ -50,8 +56,19 @@ def select_rows(trajs: Sequence[Trajectory], g: GroupConfig):
   stats = {**loop.response_stats(trajs), "reward": float(rewards.mean()),
            "void_rate": float(void.mean()),  # Any void turn, re-parsed.
            "rows_in_loss": float(len(rows)),
-           "groups_kept": float(len(set(rows // g.group_size)))}
+           "groups_kept": float(len(set(rows // g.group_size))),
+           **void_lib.token_stats(trajs, void), **void_lib.tool_stats(trajs)}
   return rows, adv[rows], stats
+
+
+def void_rows(trajs: Sequence[Trajectory], g: GroupConfig):
+  """(void row indices, their GRPO advantages): the rows the void filter
+  takes out, with the advantages they would have had in the loss."""
+  rewards, _, void, _ = _advantages(trajs, g)
+  # Same group statistics (void rows always count in them), unmasked.
+  adv = adv_lib.grpo_advantages(rewards, g.group_size, use_std=g.use_std)
+  rows = np.flatnonzero(void)
+  return rows, adv[rows]
 
 
 def make_batch(trajs: Sequence[Trajectory], rows, advantages, *,

@@ -20,10 +20,17 @@ from matplotlib.figure import Figure  # No pyplot: no global backend.
 
 from swirl_jax.rollout.records import read_jsonl
 
-# Rollout statistics, logged with every step of an iteration (and once for
-# an iteration whose groups were all filtered out).
+# Rollout statistics and diagnostics, logged with every step of an
+# iteration (and once for an iteration whose groups were all filtered out):
+# token probabilities of void vs other rollouts, tool use, the split
+# gradient norms (every `void_grad_every` iterations) and the batch's
+# sampler-trainer mismatch (swirl_jax/simpletir/train.py).
 _ROLLOUT_KEYS = ("reward", "void_rate", "turns", "turn_cap_rate",
-                 "response_len", "rows_in_loss")
+                 "response_len", "rows_in_loss", "tool_call_rate",
+                 "tool_calls", "single_turn_rate", "low_p_share_void",
+                 "low_p_share_nonvoid", "min_logp_void", "min_logp_nonvoid",
+                 "grad_norm_void", "grad_norm_kept", "mismatch_abs_mean",
+                 "mismatch_abs_max", "mismatch_kl", "mismatch_out_frac")
 
 
 def iterations(workdir) -> list[dict]:
@@ -60,8 +67,11 @@ def _fmt(v) -> str:
 
 
 def curve_table(rows) -> str:
-  cols = ("iteration", "reward", "void_rate", "turns", "rows_in_loss",
-          "updates", "grad_norm", "ratio_max")
+  cols = ("iteration", "reward", "void_rate", "turns", "tool_call_rate",
+          "rows_in_loss", "updates", "grad_norm", "ratio_max",
+          "low_p_share_void", "low_p_share_nonvoid", "min_logp_void",
+          "min_logp_nonvoid", "grad_norm_void", "grad_norm_kept",
+          "mismatch_kl")
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |"
             for r in rows]
@@ -82,6 +92,13 @@ def summary(rows) -> dict:
       "grad_norm_max": stats("grad_norm_max", np.max),
       "ratio_max_mean": stats("ratio_max", np.mean),
       "ratio_max_max": stats("ratio_max", np.max),
+      "turns_mean": stats("turns", np.mean),
+      "tool_call_rate_mean": stats("tool_call_rate", np.mean),
+      "low_p_share_void_mean": stats("low_p_share_void", np.mean),
+      "low_p_share_nonvoid_mean": stats("low_p_share_nonvoid", np.mean),
+      "grad_norm_void_mean": stats("grad_norm_void", np.mean),
+      "grad_norm_kept_mean": stats("grad_norm_kept", np.mean),
+      "mismatch_kl_mean": stats("mismatch_kl", np.mean),
   }
 
 
@@ -94,17 +111,43 @@ def compare_table(runs: dict[str, list[dict]]) -> str:
   return "\n".join(lines)
 
 
+# One quantity per panel: (title, {label: key}); a panel plots the keys
+# the run logged.
+_PANELS = (
+    ("reward", {"reward": "reward"}),
+    ("void rate", {"void rate": "void_rate"}),
+    ("turns per trajectory", {"turns": "turns"}),
+    ("share of turns calling a tool", {"tool calls": "tool_call_rate"}),
+    ("share of tokens with p < 1e-3", {"void": "low_p_share_void",
+                                       "non-void": "low_p_share_nonvoid"}),
+    ("grad-norm (before clipping)", {"update": "grad_norm",
+                                     "void rows": "grad_norm_void",
+                                     "kept rows": "grad_norm_kept"}),
+    ("sampler-trainer k3 KL", {"mismatch": "mismatch_kl"}),
+)
+
+
 def _plot(rows, path):
-  fig = Figure(figsize=(6, 3.5))
-  ax = fig.subplots()
-  its = [r["iteration"] for r in rows]
-  ax.plot(its, [r["reward"] for r in rows], marker="o", ms=3, label="reward")
-  ax.plot(its, [r["void_rate"] for r in rows], marker="x", ms=3,
-          label="void rate")
-  ax.set_xlabel("iteration")
-  ax.set_ylim(0, 1)
-  ax.grid(alpha=0.3)
-  ax.legend()
+  panels = [(t, ks) for t, ks in _PANELS
+            if any(r.get(k) is not None for r in rows for k in ks.values())]
+  ncol = 2
+  nrow = -(-len(panels) // ncol)
+  fig = Figure(figsize=(9, 2.6 * nrow))
+  axes = fig.subplots(nrow, ncol, squeeze=False).reshape(-1)
+  for ax, (title, keys) in zip(axes, panels):
+    for label, key in keys.items():
+      pts = [(r["iteration"], r[key]) for r in rows
+             if r.get(key) is not None]
+      if pts:
+        ax.plot(*zip(*pts), marker="o", ms=3, label=label)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("iteration")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    if len(keys) > 1:
+      ax.legend(fontsize=8)
+  for ax in axes[len(panels):]:
+    ax.set_visible(False)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
 

@@ -6,6 +6,12 @@ void flags → GRPO advantages (void rows keep their place in the group
 statistics, out of the loss) → group filters → overlong rows masked → the
 shared clipped-surrogate step over mini-batches, using the sampler's
 behaviour log-probs.
+
+Diagnostics, logged with the iteration's metrics: the sampler-trainer
+mismatch of the batch (one forward, `log_mismatch`, default on), token
+probabilities and tool use of void vs other rollouts (`grpo.select_rows`),
+and every `void_grad_every` iterations (0: off) the gradient norm of the
+void rows alone and of the rows in the loss alone (one backward each).
 """
 
 import json
@@ -24,6 +30,7 @@ from swirl_jax.simpletir import report
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
+from swirl_jax.training import probes
 from swirl_jax.training import trainer as trainer_lib
 
 
@@ -36,6 +43,19 @@ def prompt_batches(tasks, per_step: int, seed: int, start: int):
     idx = [order[(off + k) % len(tasks)] for k in range(per_step)]
     yield i, [tasks[j] for j in idx]
     i += 1
+
+
+def split_grad_norms(probe, params, trajs, rows, adv, groups, *,
+                     max_len=None) -> dict[str, float]:
+  """`grad_norm_void` (void rows, with the advantages the filter takes
+  from them) and `grad_norm_kept` (the rows in the loss), each alone."""
+  out = {}
+  void_rows, void_adv = grpo.void_rows(trajs, groups)
+  for name, r, a in (("void", void_rows, void_adv), ("kept", rows, adv)):
+    if len(r):
+      b = grpo.make_batch(trajs, r, a, mini_batch_size=1, max_len=max_len)
+      out[f"grad_norm_{name}"] = probe.grad_norm(params, b)
+  return out
 
 
 def run(config, workdir: str, *, make_sampler=None) -> None:
@@ -63,6 +83,11 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   sampler = make_sampler(trainer.policy_params(), cfg, tok)
   rollout = loop_lib.RolloutLoop(sampler, tok, tools, rollout_cfg)
   start = trainer.data_pos
+  grad_every = int(c.get("void_grad_every", 0))
+  # TIS (loss.tis_cap > 0) weights by the mismatch forward's log-probs.
+  mismatch = c.get("log_mismatch", True) or c.train.loss.tis_cap > 0
+  probe = (probes.Probe.for_trainer(trainer)
+           if mismatch or grad_every else None)
   ok = False
   try:
     for it, batch_tasks in prompt_batches(tasks, c.prompts_per_step, c.seed,
@@ -80,6 +105,12 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
                               mini_batch_size=c.train.mini_batch_size or 1,
                               max_len=c.get("max_seq_len") or None)
       stats["iteration"] = float(it)
+      params = trainer.policy_params()  # The ones that sampled.
+      if grad_every and it % grad_every == 0:
+        stats.update(split_grad_norms(probe, params, trajs, rows, adv, groups,
+                                      max_len=c.get("max_seq_len") or None))
+      if len(rows) and mismatch:
+        stats.update(probe.mismatch(params, batch))
       if len(rows):
         trainer.update(batch, extra=stats)
       else:  # Every group filtered out: nothing to learn from.

@@ -62,6 +62,7 @@ def swirl_config(dataset: str, *, model: str, checkpoint: str, judge: str,
   # (the paper uses one model for both).
   c.judge = judges.default_config(judge)
   c.reward = judges.default_config(judge)
+  c.calibration = dict(max_steps=0)  # judge_calibration: 0 = every step.
   c.filter = dict(strategy="process", granularity="trajectory")
   c.stage2 = dict(samples_per_state=4, states_per_step=64, max_new_tokens=512,
                   temperature=1.0, top_p=1.0, advantage="mean", max_len=8192)

@@ -32,6 +32,7 @@ from swirl_jax.swirl import filters, report, stage1, stage2
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
+from swirl_jax.training import probes
 from swirl_jax.training import step as step_lib
 from swirl_jax.training import trainer as trainer_lib
 
@@ -238,6 +239,7 @@ def _rl(c, workdir):
     ref_params = loading.load_policy(_base(c, workdir), seed=c.seed)[1]
     ref_fn = step_lib.make_logprob_fn(cfg, trainer.mesh,
                                       trainer.shardings.params)
+  probe = probes.Probe.for_trainer(trainer)  # One jitted forward, reused.
   ok = False
   try:
     for it, batch_units in stage2.unit_batches(units, s.states_per_step,
@@ -253,8 +255,9 @@ def _rl(c, workdir):
                               mini_batch_size=tc.mini_batch_size or 1)
       if ref_fn is not None:
         batch["ref_logprobs"] = ref_fn(ref_params, batch)
-      trainer.update(batch, extra=dict(reward=float(rewards.mean()),
-                                       iteration=float(it)))
+      trainer.update(batch, extra=dict(
+          stage2.reward_stats(rewards), iteration=float(it),
+          **probe.mismatch(trainer.policy_params(), batch)))
     ok = True
   finally:
     trainer.close(save=ok)

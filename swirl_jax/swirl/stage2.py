@@ -62,6 +62,17 @@ def score_actions(judge, units: Sequence[StepUnit], actions: Actions,
   return np.asarray(scores, np.float32).reshape(len(units), g)
 
 
+def reward_stats(rewards_BG) -> dict[str, float]:
+  """The step's reward distribution, logged with its update: mean, std,
+  10/50/90th percentiles, and the share of actions the reward model calls
+  GOOD (P(GOOD) > 0.5), i.e. the process correctness of the samples."""
+  r = np.asarray(rewards_BG, np.float64).reshape(-1)
+  p10, p50, p90 = np.percentile(r, [10, 50, 90])
+  return {"reward": float(r.mean()), "reward_std": float(r.std()),
+          "reward_p10": float(p10), "reward_p50": float(p50),
+          "reward_p90": float(p90), "reward_good_share": float(np.mean(r > 0.5))}
+
+
 def rl_batch(units, actions: Actions, rewards_BG, c: Stage2Config, *,
              mini_batch_size: int):
   """The step's batch: state (mask 0) + sampled action (mask 1) per row."""

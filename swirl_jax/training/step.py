@@ -11,6 +11,10 @@ with `tokens`):
                       sampler records it at the token's own index (column 0
                       is never used). Needed by 'clipped_surrogate' only.
   ref_logprobs        [B, T]  optional, same alignment; adds a k3 KL term.
+  old_logprobs        [B, T]  optional: the trainer's own log-probs under
+                      the params that sampled (training.probes); the PPO
+                      ratio's denominator, and TIS (`loss.tis_cap`) weights
+                      each token by min(exp(old - behaviour), cap).
   positions           [B, T]  optional (default: cumsum of the attention
                       mask).
   attention_mask      [B, T]  optional bool: real tokens (default all).
@@ -56,7 +60,7 @@ BOOL_KEYS = ("attention_mask",)
 # How micro-batch metrics combine: summed counts, maxima, per-row means;
 # everything else is a mean over loss tokens.
 _SUM_KEYS = ("num_loss_tokens", "num_loss_rows")
-_MAX_KEYS = ("ratio_max",)
+_MAX_KEYS = ("ratio_max", "mismatch_abs_max")
 _ROW_KEYS = ("reward_mean", "action_logp")
 
 
@@ -68,7 +72,10 @@ def default_loss_config() -> ml_collections.ConfigDict:
       dual_clip_c=3.0,  # <= 0: off.
       kl_coef=0.0,  # weight of the k3 KL to `ref_logprobs`, when given.
       with_entropy=False,  # report entropy (one more pass over the logits).
-      chunk_size=128))  # sequence positions per log-prob chunk.
+      chunk_size=128,  # sequence positions per log-prob chunk.
+      # > 0: truncated importance sampling, each token's loss times
+      # min(pi_trainer / pi_sampler, tis_cap) (needs `old_logprobs`).
+      tis_cap=0.0))
 
 
 def _agg(loss_cfg) -> str:
@@ -112,6 +119,8 @@ def policy_loss(params, cfg: ModelConfig, loss_cfg, batch):
   agg, kind = _agg(loss_cfg), loss_cfg.kind
   ref_BT = _shifted(batch, "ref_logprobs")
   kl = dict(ref_logp_BT=ref_BT, kl_coef=float(loss_cfg.kl_coef))
+  tis = dict(old_logp_BT=_shifted(batch, "old_logprobs"),
+             tis_cap=float(loss_cfg.get("tis_cap", 0.0)))
   if kind == "sft":
     return losses.sft_loss(logp_BT, mask_BT, agg=agg, entropy_BT=ent_BT)
   adv = batch["advantages"]
@@ -119,14 +128,16 @@ def policy_loss(params, cfg: ModelConfig, loss_cfg, batch):
   if kind == "stepwise_pg":
     if adv.ndim != 1:
       raise ValueError("loss 'stepwise_pg' takes one advantage per row [B]")
-    return losses.stepwise_pg_loss(logp_BT, mask_BT, adv, agg=agg,
-                                   entropy_BT=ent_BT, **kl)
+    return losses.stepwise_pg_loss(
+        logp_BT, mask_BT, adv, agg=agg, entropy_BT=ent_BT,
+        sampler_logp_BT=_shifted(batch, "behaviour_logprobs"), **kl, **tis)
   if kind == "clipped_surrogate":
     c = float(loss_cfg.dual_clip_c)
     return losses.clipped_surrogate_loss(
         logp_BT, batch["behaviour_logprobs"][:, 1:], adv, mask_BT,
         eps_low=float(loss_cfg.eps_low), eps_high=float(loss_cfg.eps_high),
-        dual_clip_c=c if c > 0 else None, agg=agg, entropy_BT=ent_BT, **kl)
+        dual_clip_c=c if c > 0 else None, agg=agg, entropy_BT=ent_BT, **kl,
+        **tis)
   raise ValueError(f"loss.kind {kind!r}; valid: {LOSS_KINDS}")
 
 

@@ -1,0 +1,77 @@
+"""Measurements on an update's batch beside the train step (no update).
+
+  probe = Probe.for_trainer(trainer)
+  extra = probe.mismatch(trainer.policy_params(), batch)   # one forward
+  norm = probe.grad_norm(trainer.policy_params(), rows)    # one backward
+
+`mismatch` scores the sampled tokens with the trainer's forward under the
+params that sampled them and compares with the sampler's log-probs
+(`ops.losses.mismatch_metrics`): they differ by numerics alone, so this is
+the sampler-trainer mismatch before any update moves the params (inside
+the step, later mini-batches mix it with the policy's own change). With
+truncated importance sampling on (`loss.tis_cap` > 0) it also leaves those
+log-probs in `batch['old_logprobs']`, which the step's TIS weights need, so
+the one forward serves both.
+`grad_norm` is the global norm of the loss gradient on a batch, before
+clipping, as the step would take it; with LoRA it is over the merged
+params.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+
+from swirl_jax import sharding as shd
+from swirl_jax.ops import losses
+from swirl_jax.training import step as step_lib
+
+
+class Probe:
+  """Jitted forward / backward over one model config and mesh."""
+
+  def __init__(self, cfg, mesh, param_shardings, loss_cfg,
+               rules=shd.DEFAULT_RULES):
+    self.cfg, self.mesh, self.rules = cfg, mesh, rules
+    self.param_shardings = param_shardings
+    self.loss_cfg = step_lib.default_loss_config().lock()
+    self.loss_cfg.update(dict(loss_cfg.items()) if loss_cfg else {})
+    self._logp = step_lib.make_logprob_fn(
+        cfg, mesh, param_shardings, chunk_size=int(self.loss_cfg.chunk_size),
+        rules=rules)
+    self._grad = {}
+    self.tis = float(self.loss_cfg.tis_cap) > 0
+
+  @classmethod
+  def for_trainer(cls, trainer) -> "Probe":
+    """Over `trainer.policy_params()` (LoRA merged: the base's shardings)."""
+    s = trainer.shardings
+    params = s.params if trainer.state.frozen is None else s.frozen
+    return cls(trainer.model_cfg, trainer.mesh, params,
+               trainer.config.get("loss", None))
+
+  def mismatch(self, params, batch) -> dict[str, float]:
+    """`mismatch_*` metrics of `batch['behaviour_logprobs']` vs `params`
+    (and `batch['old_logprobs']` set, with TIS on)."""
+    logp_BT = self._logp(params, batch)
+    if self.tis:
+      batch["old_logprobs"] = logp_BT
+    m = losses.mismatch_metrics(
+        logp_BT[:, 1:], jnp.asarray(batch["behaviour_logprobs"])[:, 1:],
+        jnp.asarray(batch["loss_mask"])[:, 1:])
+    return {k: float(v) for k, v in jax.device_get(m).items()}
+
+  def grad_norm(self, params, batch) -> float:
+    """Global norm of the loss gradient on `batch` (one backward)."""
+    b = len(batch["tokens"])
+    spec = shd.logical_to_spec(("batch",), (b,), self.mesh, self.rules)
+    sharding = NamedSharding(self.mesh, spec)
+    if b not in self._grad:
+      def norm(p, bt):
+        f = lambda q: step_lib.policy_loss(q, self.cfg, self.loss_cfg, bt)[0]
+        return optax.tree.norm(jax.grad(f)(p))
+      self._grad[b] = jax.jit(norm, in_shardings=(self.param_shardings,
+                                                  sharding))
+    with shd.use_mesh(self.mesh, self.rules):
+      return float(self._grad[b](params,
+                                 step_lib.place_batch(batch, sharding)))

@@ -1,0 +1,72 @@
+"""The demo over seeds: the seed override, the mean and spread by hand, and
+the driver through main on the smoke config."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from swirl_jax import config_lib
+from swirl_jax.swirl import seeds
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", ["demo.py", "simpletir_demo.py"])
+def test_with_seed_is_the_config_built_with_that_seed(name):
+  mod = config_lib.load_config_module(str(ROOT / "configs" / name))
+  got = seeds.with_seed(mod.get_config("smoke=True"), 2).to_dict()
+  want = mod.get_config("smoke=True,seed=2").to_dict()
+  assert got == want
+  assert got != mod.get_config("smoke=True").to_dict()
+
+
+def test_aggregate_and_table_by_hand():
+  per_seed = {s: {"base": {"accuracy": a, "process_correctness": 0.5},
+                  "rl": {"accuracy": a + d}}
+              for s, (a, d) in enumerate([(0.2, 0.1), (0.3, 0.0),
+                                          (0.4, 0.2)])}
+  agg = seeds.aggregate(per_seed)
+  acc = agg["base"]["accuracy"]
+  assert acc["mean"] == pytest.approx(0.3)
+  assert acc["std"] == pytest.approx(0.1)  # sqrt((.01 + 0 + .01) / 2)
+  assert (acc["min"], acc["max"], acc["n"]) == (0.2, 0.4, 3)
+  assert agg["rl"]["accuracy"]["mean"] == pytest.approx(0.4)
+  assert agg["base"]["process_correctness"]["std"] == 0.0
+  assert "process_correctness" not in agg["rl"]
+  text = seeds.table(agg)
+  assert "| base | 0.300 ± 0.100 (0.200–0.400) | 0.500 ± 0.000" in text
+  # rl: 0.3, 0.3, 0.6; std sqrt((.01 + .01 + .04) / 2) = 0.173.
+  assert "| rl | 0.400 ± 0.173 (0.300–0.600) | - |" in text
+
+
+def test_demo_over_two_seeds_through_main(tmp_path):
+  # The base policy alone (warm start, eval): the driver is what is tested.
+  cmd = [sys.executable, "-m", "swirl_jax.main",
+         f"--config={ROOT / 'configs' / 'demo.py'}:smoke=True,seeds=2",
+         f"--workdir={tmp_path}", "--config.stages=warmstart,eval",
+         "--config.eval.policies=base"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600, check=True)
+  rep = json.loads(out.stdout.strip().splitlines()[-1])
+  assert rep == json.loads((tmp_path / "seeds.json").read_text())
+  assert rep["seeds"] == 2 and set(rep["policies"]) == {"base"}
+  accs = [json.loads((tmp_path / f"seed_{s}" / "eval" / "results.json")
+                     .read_text())["base"]["accuracy"] for s in (0, 1)]
+  assert rep["policies"]["base"]["accuracy"]["mean"] == pytest.approx(
+      sum(accs) / 2)
+  assert json.loads((tmp_path / "seed_1" / "done.json").read_text()) == {
+      "seed": 1}
+  # A finished seed is read, not run again: edit its results and rerun.
+  res = tmp_path / "seed_0" / "eval" / "results.json"
+  r = json.loads(res.read_text())
+  r["base"]["accuracy"] = 7.0
+  res.write_text(json.dumps(r))
+  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120, check=True)
+  rep = json.loads(out.stdout.strip().splitlines()[-1])
+  assert rep["policies"]["base"]["accuracy"]["max"] == 7.0
