@@ -29,6 +29,7 @@ from absl import logging
 from swirl_jax.models import decoder, loading, presets
 from swirl_jax.models.tokenizer import Tokenizer
 from swirl_jax.rollout import batching, prompts
+from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.rollout.scripted import ScriptedSampler
@@ -113,9 +114,9 @@ def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
   max_turns = max((len(r) for r in refs), default=1)
   script = lambda row, turn: (refs[row][turn]["action"]
                               if turn < len(refs[row]) else "")
-  loop = loop_lib.RolloutLoop(ScriptedSampler(tok, script), tok, tools,
-                              loop_lib.RolloutConfig(fmt=fmt,
-                                                     max_turns=max_turns))
+  loop = engine_lib.RolloutEngine(ScriptedSampler(tok, script), tok, tools,
+                                  loop_lib.RolloutConfig(fmt=fmt,
+                                                         max_turns=max_turns))
   trajs = loop.run(tasks)
   checkers.score_trajectories(trajs, tasks)
   return trajs

@@ -148,7 +148,7 @@ def test_fixed_programs_and_live_prefix(tiny, calc_tools):
   assert dict(eng.trace_counts) == before
   assert sum(before.values()) <= 8, before
   longest = max(k[-1] for k in eng.shapes)
-  assert longest <= 384 < eng._S  # pylint: disable=protected-access
+  assert longest <= 384 < eng.device.S
 
 
 def test_tools_run_while_others_decode(tiny):

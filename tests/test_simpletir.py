@@ -134,13 +134,13 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
                f"It prints {gold}, so \\boxed{{{gold}}}."][min(turn, 1)]][k]
     return ScriptedSampler(tok, script)
 
-  orig_run_pairs = train.loop_lib.RolloutLoop.run_pairs
+  orig_run_pairs = train.engine_lib.RolloutEngine.run_pairs
 
-  def run_pairs(self, pairs):
+  def run_pairs(self, pairs, **kw):
     answers[:] = [t.answer for t, k in pairs[::4]]
-    return orig_run_pairs(self, pairs)
+    return orig_run_pairs(self, pairs, **kw)
 
-  monkeypatch.setattr(train.loop_lib.RolloutLoop, "run_pairs", run_pairs)
+  monkeypatch.setattr(train.engine_lib.RolloutEngine, "run_pairs", run_pairs)
   train.run(c, str(tmp_path), make_sampler=make_sampler)
   assert any("final_answer" in s for s in ran)
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]

@@ -9,6 +9,7 @@ import pytest
 
 from swirl_jax.models import decoder, loading
 from swirl_jax import config_lib
+from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import StepUnit, read_jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
@@ -32,7 +33,7 @@ def test_stage1_resume_has_each_pair_once(tmp_path, tokenizer):
   refs = {t.id: synthetic.reference_turns(t) for t in tasks}
   calls = {"n": 0}
 
-  class Loop(loop_lib.RolloutLoop):
+  class Loop(engine_lib.RolloutEngine):
     def run_pairs(self, pairs):
       calls["n"] += 1
       if calls["n"] == 3 and kill:

@@ -28,16 +28,13 @@ turn logic (false stops, answers, caps, observations) is the loop's own.
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import time
-
-import jax
-import numpy as np
 
 from swirl_jax import config_lib
 from swirl_jax.rollout import loop
 from swirl_jax.rollout.records import Turn
-from swirl_jax.sampling import decoding, slots
-from swirl_jax.shapes import bucket
+from swirl_jax.rollout.slot_device import SlotDevice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +51,7 @@ class EngineConfig:
 
 @dataclasses.dataclass
 class _Live(loop._Row):  # pylint: disable=protected-access
+  index: int = 0  # Position in the rollout's pairs.
   slot: int = -1
   phase: str = "pending"  # prefill | decode | tool | append | done
   turn_no: int = 0
@@ -69,9 +67,12 @@ class _Live(loop._Row):  # pylint: disable=protected-access
 class RolloutEngine(loop.RolloutLoop):
   """`RolloutLoop`'s rollouts (same records), trajectory by trajectory.
 
-  Needs a `Sampler` (its params, sizes, stop tables and token texts).
-  `metrics` describe the last rollout (see `loop.rollout_metrics`; also
-  `idle_s`, time with nothing to decode while tools ran).
+  The device work goes to the sampler's own rollout device when it has one
+  (`sampler.rollout_device(decode_batch, chunk_steps)`: the scripted
+  sampler's), else to
+  a `SlotDevice` on the `Sampler`'s model. `metrics` describe the last
+  rollout (see `loop.rollout_metrics`; also `idle_s`, time with nothing to
+  decode while tools ran).
   """
 
   def __init__(self, sampler, tokenizer, tools, config: loop.RolloutConfig,
@@ -81,63 +82,81 @@ class RolloutEngine(loop.RolloutLoop):
       raise ValueError(f"decode_batch {engine.decode_batch} must be in "
                        f"1..slots ({engine.slots})")
     self.engine = engine
-    self.programs = slots.programs(sampler.cfg)
-    self._limit = sampler.config.max_cache_len
-    # Decode chunks write up to chunk_steps past a row's last token.
-    self._S = self._limit + engine.chunk_steps
+    make = getattr(sampler, "rollout_device", None)
+    self.device = (make or functools.partial(SlotDevice, sampler))(
+        engine.decode_batch, engine.chunk_steps)
 
   @property
   def trace_counts(self) -> collections.Counter:
-    return self.programs.trace_counts
+    return self.device.trace_counts
+
+  @property
+  def shapes(self) -> collections.Counter:
+    return self.device.shapes
 
   # -- the engine loop --
 
-  def run_pairs(self, pairs):
-    rows = [_Live(traj=r.traj) for r in self._rows(pairs)]
+  def run_pairs(self, pairs, stop_admitting=None):
+    """One trajectory per (task, sample index), in the order of `pairs`.
+
+    `stop_admitting(trajectory) -> bool`, called as each trajectory ends:
+    once it returns True no further pair is started (those in flight
+    finish), and only the started pairs' trajectories are returned.
+    """
+    rows = [_Live(traj=r.traj, index=i)
+            for i, r in enumerate(self._rows(pairs))]
     if not rows:
       return []
     for r in rows:
       self._check_prompt(r)
     self._stats, t0 = collections.Counter(), time.perf_counter()
-    self.shapes = collections.Counter()  # (program, rows, read_len) runs.
-    sc = self.sampler.config
-    M = min(self.engine.slots, bucket(len(rows), sc.batch_buckets))
-    self._M = M
-    self._dev = slots.init(self.sampler.cfg, M, self._S, sc.cache_dtype)
-    free, pending, live = list(range(M)), collections.deque(rows), []
+    free = list(range(self.device.open(len(rows), self.engine.slots)))
+    pending, live, started = collections.deque(rows), [], []
     futures: dict[concurrent.futures.Future, tuple] = {}
     with concurrent.futures.ThreadPoolExecutor(
         self.engine.tool_workers) as pool:
       while pending or live:
         self._collect(futures, block=False)
         while free and pending:
-          live.append(self._admit(pending.popleft(), free.pop(0)))
-        t1 = time.perf_counter()
-        self._append([r for r in live if r.phase == "prefill"], fresh=True)
-        self._append([r for r in live if r.phase == "append"], fresh=False)
-        t2 = time.perf_counter()
-        self._stats["append_s"] += t2 - t1
-        ready = [r for r in live if r.phase == "decode"]
-        if ready:
-          # Decode goes on while calls run: the chunks beside them.
-          self._stats["decode_chunks_beside_tools"] += bool(futures)
-          for row in self._decode(ready[:self.engine.decode_batch]):
-            futures[pool.submit(self._call, row.call)] = row
-          self._stats["decode_s"] += time.perf_counter() - t2
-        elif futures:
-          self._collect(futures, block=True)
+          started.append(pending.popleft())
+          live.append(self._admit(started[-1], free.pop(0)))
+        self._device_step(live, futures, pool)
         for r in [r for r in live if r.phase == "done"]:
           live.remove(r)
           free.append(r.slot)
-    self._dev = None
-    self.metrics = loop.rollout_metrics(rows, self._stats, t0)
-    return [r.traj for r in rows]
+          if stop_admitting is not None and stop_admitting(r.traj):
+            pending.clear()
+    self.device.close()
+    self._stats["not_started"] = len(rows) - len(started)
+    self.metrics = loop.rollout_metrics(started, self._stats, t0)
+    return [r.traj for r in sorted(started, key=lambda r: r.index)]
+
+  def _device_step(self, live, futures, pool) -> None:
+    """Prefills and appends the arrived rows, then one decode chunk of
+    the ready ones (or waits for a tool when none is ready)."""
+    t1 = time.perf_counter()
+    for phase, fresh in (("prefill", True), ("append", False)):
+      group = [r for r in live if r.phase == phase]
+      if group:
+        self.device.append(group, fresh)
+        self._appended(group, fresh)
+    t2 = time.perf_counter()
+    self._stats["append_s"] += t2 - t1
+    ready = [r for r in live if r.phase == "decode"]
+    if ready:
+      # Decode goes on while calls run: the chunks beside them.
+      self._stats["decode_chunks_beside_tools"] += bool(futures)
+      for row in self._decode(ready[:self.engine.decode_batch]):
+        futures[pool.submit(self._call, row.call)] = row
+      self._stats["decode_s"] += time.perf_counter() - t2
+    elif futures:
+      self._collect(futures, block=True)
 
   def _check_prompt(self, row: _Live) -> None:
     n = len(row.traj.prompt_ids)
-    if not 0 < n < self._limit:
+    if not 0 < n < self.device.limit:
       raise ValueError(f"prompt of {row.traj.task_id} has {n} tokens; the "
-                       f"KV cache holds {self._limit} "
+                       f"KV cache holds {self.device.limit} "
                        "(SamplerConfig.max_cache_len)")
 
   def _admit(self, row: _Live, slot: int) -> _Live:
@@ -180,7 +199,7 @@ class RolloutEngine(loop.RolloutLoop):
     """A turn is over (its observation, if any, is set): end the row,
     append the observation, or go on to the next turn."""
     self._turn_cap(row, row.turn_no)
-    self._check_room(row, self._limit - row.length)
+    self._check_room(row, self.device.limit - row.length)
     if row.done:
       row.phase, row.end_s = "done", time.perf_counter()
     elif row.obs:
@@ -189,98 +208,51 @@ class RolloutEngine(loop.RolloutLoop):
       row.phase = "decode"
       self._start_turn(row, row.turn_no + 1)
 
-  # -- device work --
+  # -- decoding --
 
-  def _append(self, rows: list[_Live], fresh: bool) -> None:
-    """Prefills (fresh) or appends each row's `obs`, batched."""
-    size = self.engine.decode_batch
-    for lo in range(0, len(rows), size):
-      group = rows[lo:lo + size]
-      sc = self.sampler.config
-      T = bucket(max(len(r.obs) for r in group), sc.length_buckets)
-      start = [0 if fresh else r.length for r in group]
-      if max(start) + T > self._S:  # Rare: near the end of the cache.
-        if len(group) > 1:
-          for r in group:
-            self._append([r], fresh)
-          continue
-        T = self._S - start[0]
-      read_len = min(bucket(max(start) + T, sc.cache_buckets), self._S)
-      A = bucket(len(group), sc.batch_buckets)
-      self.shapes["append", A, T, read_len] += 1
-      tokens = np.zeros((A, T), np.int32)
-      mask = np.zeros((A, T), bool)
-      rows_A = np.full((A,), self._M, np.int32)
-      for i, r in enumerate(group):
-        tokens[i, :len(r.obs)], mask[i, :len(r.obs)] = r.obs, True
-        rows_A[i] = r.slot
-      self._dev = self.programs.append(
-          self.sampler.params, *self._dev, rows_A,
-          np.arange(A) < len(group) if fresh else np.zeros(A, bool),
-          tokens, mask, read_len)
-      for r in group:
-        r.length = len(r.obs) if fresh else r.length + len(r.obs)
-        r.obs, r.phase = None, "decode"
-        if not fresh:
-          self._start_turn(r, r.turn_no + 1)
+  def _appended(self, rows: list[_Live], fresh: bool) -> None:
+    for r in rows:
+      r.length = len(r.obs) if fresh else r.length + len(r.obs)
+      r.obs, r.phase = None, "decode"
+      if not fresh:
+        self._start_turn(r, r.turn_no + 1)
 
   def _decode(self, rows: list[_Live]) -> list[_Live]:
     """One chunk of decode steps; returns the rows that now call a tool."""
-    c, sc, steps = self.config, self.sampler.config, self.engine.chunk_steps
     todo = []
     for r in rows:
-      if self._limit - r.length <= 0:  # No slot left for a token.
+      if self.device.limit - r.length <= 0:  # No slot left for a token.
         self._end_segment(r, "cache_full")
       else:
         todo.append(r)
     if todo:
-      self._decode_rows(todo, c, sc, steps)
-    calls = [r for r in rows if r.phase == "tool"]
-    return calls
+      self._decode_rows(todo)
+    return [r for r in rows if r.phase == "tool"]
 
-  def _decode_rows(self, rows, c, sc, steps) -> None:
-    R = bucket(len(rows), sc.batch_buckets)
-    pad = lambda xs, fill, dt: np.asarray(
-        list(xs) + [fill] * (R - len(rows)), dt)
-    rows_R = pad([r.slot for r in rows], self._M, np.int32)
-    seeds = pad([loop.row_seed(c.seed, r.traj.id, r.turn_no + 1000 * r.seg)
-                 for r in rows], 0, np.uint32)
-    sampling = (np.full(R, c.temperature, np.float32),
-                np.full(R, c.top_k, np.int32), np.full(R, c.top_p, np.float32))
-    max_new = pad([min(r.budget, self._limit - r.length) for r in rows], 0,
-                  np.int32)
-    read_len = min(bucket(max(r.length for r in rows) + steps,
-                          sc.cache_buckets), self._S)
-    self.shapes["decode", R, read_len] += 1
-    # pylint: disable-next=protected-access
-    eos, table = self.sampler._eos, self.sampler._stop_table(self.stops)
-    *self._dev, tokens, lps, num, reason = self.programs.decode(
-        self.sampler.params, *self._dev, rows_R, seeds, sampling, max_new,
-        eos, table, read_len, steps)
-    tokens, lps, num, reason = jax.device_get((tokens, lps, num, reason))
-    self._dev = tuple(self._dev)
-    self._stats["slot_steps"] += self.engine.decode_batch * int(num.max())
+  def _decode_rows(self, rows: list[_Live]) -> None:
+    c = self.config
+    seeds = [loop.row_seed(c.seed, r.traj.id, r.turn_no + 1000 * r.seg)
+             for r in rows]
+    out, slot_steps = self.device.decode(rows, seeds, c, self.stops)
+    self._stats["slot_steps"] += slot_steps
     self._stats["decode_chunks"] += 1
-    for j, r in enumerate(rows):
-      n = int(num[j])
-      r.seg_tokens += tokens[j, :n].tolist()
-      r.seg_lps += lps[j, :n].tolist()
+    for r, (tokens, lps, why) in zip(rows, out):
+      n = len(tokens)
+      r.seg_tokens += tokens
+      r.seg_lps += lps
       r.budget, r.length = r.budget - n, r.length + n
-      why = decoding.REASONS[reason[j]]
       if why == "length" and r.budget > 0:
-        if r.length < self._limit:
+        if r.length < self.device.limit:
           continue  # The chunk ended, the turn did not.
         why = "cache_full"
       self._end_segment(r, why)
 
   def _end_segment(self, row: _Live, why: str) -> None:
     """A sampled stretch ended (as one `generate` of the loop would)."""
-    # pylint: disable-next=protected-access
-    texts, _ = self.sampler._texts([row.seg_tokens], [why], self.stops)
     t = row.turn
     t.action_ids += row.seg_tokens
     t.action_logprobs += [float(x) for x in row.seg_lps]
-    t.text += texts[0]
+    t.text += self.device.text(row, row.seg_tokens, why, self.stops)
     t.stop_reason = why
     row.seg_tokens, row.seg_lps = [], []
     if self._false_stop(t, row.budget):

@@ -6,6 +6,7 @@ logic, records and masks can be checked exactly; demonstrations of
 synthetic tasks are recorded with it too.
 """
 
+import collections
 import dataclasses
 from typing import Callable, Sequence
 
@@ -57,23 +58,34 @@ class ScriptedSampler:
     out = ScriptedResult([[] for _ in range(n)], [np.zeros(0)] * n,
                          [""] * n, [None] * n, [None] * n, state)
     for j in active:
-      text = self.script(state.rows[j], state.turns[j])
+      ids, text, reason, matched = self.turn(state.rows[j], state.turns[j],
+                                             int(budget[j]), stop_strings)
       state.turns[j] += 1
-      reason, matched = "eos", None
-      hits = [(text.find(s), s) for s in stop_strings if s in text]
-      if hits:
-        pos, matched = min(hits)
-        text, reason = text[:pos + len(matched)], "stop"
-      ids = self.tokenizer.encode_continuation(text) if text else []
-      if reason == "eos":
-        ids = ids + [self.tokenizer.eos_id]
-      if len(ids) > budget[j]:
-        ids, reason, matched = ids[:budget[j]], "length", None
-        text = self.tokenizer.decode(ids)
       out.tokens[j], out.texts[j] = ids, text
       out.logprobs[j] = np.full(len(ids), -0.5, np.float32)
       out.stop_reasons[j], out.matched_stops[j] = reason, matched
     return out
+
+  def turn(self, row: int, turn: int, budget: int, stop_strings):
+    """(ids, text, stop reason, matched stop) of one scripted stretch."""
+    text = self.script(row, turn)
+    reason, matched = "eos", None
+    hits = [(text.find(s), s) for s in stop_strings if s in text]
+    if hits:
+      pos, matched = min(hits)
+      text, reason = text[:pos + len(matched)], "stop"
+    ids = self.tokenizer.encode_continuation(text) if text else []
+    if reason == "eos":
+      ids = ids + [self.tokenizer.eos_id]
+    if len(ids) > budget:
+      ids, reason, matched = ids[:budget], "length", None
+      text = self.tokenizer.decode(ids)
+    return ids, text, reason, matched
+
+  def rollout_device(self, decode_batch: int, chunk_steps: int):
+    """What the rollout engine decodes with: this script, row by row."""
+    del decode_batch, chunk_steps
+    return ScriptedDevice(self)
 
   def extend(self, state: ScriptedState, observations) -> ScriptedState:
     self.extended.append([list(o or []) for o in observations])
@@ -82,6 +94,47 @@ class ScriptedSampler:
   def select(self, state: ScriptedState, rows) -> ScriptedState:
     return ScriptedState([state.rows[r] for r in rows],
                          [state.turns[r] for r in rows])
+
+
+class ScriptedDevice:
+  """The rollout engine's device for a `ScriptedSampler`: no cache; row i
+  of a rollout (its i-th pair) replays `script(i, k)` as its k-th
+  stretch, as it would as row i of the loop's first `generate`."""
+
+  limit = 2 ** 31 - 1  # No cache to fill.
+
+  def __init__(self, sampler: ScriptedSampler):
+    self.sampler = sampler
+    self.trace_counts = self.shapes = collections.Counter()  # No programs.
+    self._turns: dict[int, int] = {}
+    self._texts: dict[int, str] = {}
+
+  def open(self, num_rows: int, max_slots: int) -> int:
+    self._turns, self._texts = {}, {}
+    return min(num_rows, max_slots)
+
+  def close(self) -> None:
+    pass
+
+  def append(self, rows, fresh: bool) -> None:
+    if not fresh:
+      self.sampler.extended.append([list(r.obs) for r in rows])
+
+  def decode(self, rows, seeds, config, stop_strings):
+    del seeds, config
+    out = []
+    for r in rows:
+      k = self._turns.get(r.index, 0)
+      self._turns[r.index] = k + 1
+      ids, text, reason, _ = self.sampler.turn(r.index, k, r.budget,
+                                               stop_strings)
+      self._texts[r.index] = text
+      out.append((ids, [-0.5] * len(ids), reason))
+    return out, len(rows) * max(len(o[0]) for o in out)
+
+  def text(self, row, tokens, why: str, stop_strings) -> str:
+    del tokens, why, stop_strings
+    return self._texts[row.index]
 
 
 def replaying(base, lengths: Callable[[str, int], int],

@@ -10,6 +10,7 @@ from absl import logging
 
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
+from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import checkers
@@ -26,8 +27,9 @@ def run(config, workdir: str) -> dict:
   e = c.eval
   rc = dict(c.rollout, max_turns=e.max_turns, temperature=e.temperature,
             seed=c.seed)
-  loop = loop_lib.RolloutLoop(sampler, tok, tools,
-                              loop_lib.RolloutConfig.from_config(rc))
+  loop = engine_lib.RolloutEngine(
+      sampler, tok, tools, loop_lib.RolloutConfig.from_config(rc),
+      engine_lib.EngineConfig.from_config(c.get("engine") or {}))
   results, trajs = {}, {}
   for spec in e.datasets:
     name, _, split = spec.partition(":")

@@ -22,10 +22,12 @@ from absl import logging
 
 from swirl_jax import warmstart
 from swirl_jax.models import loading
+from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import grpo
+from swirl_jax.simpletir import oversample
 from swirl_jax.simpletir import report
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks import datasets
@@ -65,6 +67,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   work = pathlib.Path(workdir)
   # Bad rollout or group settings fail here, before any data or model work.
   rollout_cfg = loop_lib.RolloutConfig.from_config(c.rollout)
+  engine_cfg = engine_lib.EngineConfig.from_config(c.get("engine") or {})
   groups = grpo.GroupConfig.from_config(c.grpo)
   tasks = datasets.load_tasks(c.data.train, c.data.get("train_split"),
                               c.data.get("data_dir") or None,
@@ -81,7 +84,10 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))
   sampler = make_sampler(trainer.policy_params(), cfg, tok)
-  rollout = loop_lib.RolloutLoop(sampler, tok, tools, rollout_cfg)
+  rollout = engine_lib.RolloutEngine(sampler, tok, tools, rollout_cfg,
+                                     engine_cfg)
+  drawn = max(c.prompts_per_step, min(len(tasks), oversample.prompts_drawn(
+      c.prompts_per_step, c.get("oversample", 1.0))))
   start = trainer.data_pos
   grad_every = int(c.get("void_grad_every", 0))
   # TIS (loss.tis_cap > 0) weights by the mismatch forward's log-probs.
@@ -90,14 +96,13 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
            if mismatch or grad_every else None)
   ok = False
   try:
-    for it, batch_tasks in prompt_batches(tasks, c.prompts_per_step, c.seed,
-                                          start):
+    for it, batch_tasks in prompt_batches(tasks, drawn, c.seed, start):
       if it >= c.num_iterations:
         break
       sampler.params = trainer.policy_params()
       rollout.config = loop_lib.RolloutConfig.from_config(
           dict(c.rollout, seed=c.seed * 100003 + it))
-      trajs = rollout.run(batch_tasks, samples_per_task=groups.group_size)
+      trajs = oversample.rollout(rollout, batch_tasks, groups, c.prompts_per_step)
       checkers.score_trajectories(trajs, batch_tasks)
       write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
       rows, adv, stats = grpo.select_rows(trajs, groups)

@@ -25,6 +25,7 @@ from swirl_jax import config_lib, judges, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
+from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import StepUnit, read_jsonl, write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
@@ -65,11 +66,12 @@ def _judge(jc, tasks, policy, *, name="judge", cache_path=""):
                            default_cache_path=cache_path)
 
 
-def _rollout_loop(c, policy, tools, rc) -> loop_lib.RolloutLoop:
+def _rollout_loop(c, policy, tools, rc) -> engine_lib.RolloutEngine:
   cfg, params, tok = policy
   sampler = Sampler(params, cfg, tok, SamplerConfig.from_config(c.sampler))
-  return loop_lib.RolloutLoop(sampler, tok, tools,
-                              loop_lib.RolloutConfig.from_config(rc))
+  return engine_lib.RolloutEngine(
+      sampler, tok, tools, loop_lib.RolloutConfig.from_config(rc),
+      engine_lib.EngineConfig.from_config(c.get("engine") or {}))
 
 
 def _base(c, workdir):

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from absl import logging
 
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout.records import Trajectory, iter_jsonl, write_jsonl
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks.records import Task
@@ -32,7 +32,7 @@ def read_trajectories(directory: str) -> list[Trajectory]:
   return out
 
 
-def generate(loop: loop_lib.RolloutLoop, tasks: Sequence[Task], out_dir: str,
+def generate(loop: engine_lib.RolloutEngine, tasks: Sequence[Task], out_dir: str,
              *, samples: int, tasks_per_batch: int, shard_size: int = 1000,
              progress=None) -> list[Trajectory]:
   """Writes `samples` trajectories per task under `out_dir`; all of them."""

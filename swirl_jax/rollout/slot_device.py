@@ -1,0 +1,113 @@
+"""The rollout engine's device work on a `Sampler`'s model: a slot-per-row
+KV cache (`sampling/slots.py`) and its batched, bucketed programs.
+
+The engine decides which rows prefill, append or decode; this module turns
+a group of rows into one call of a compiled program (a fixed, small set:
+`trace_counts`; the shapes run: `shapes`) and reads back what it sampled.
+A row's key is fold_in(key(row seed), 0) and each token's folds in its
+position, as the `Sampler` makes them: tokens depend on the row alone.
+"""
+
+import collections
+
+import jax
+import numpy as np
+
+from swirl_jax.sampling import decoding, slots
+from swirl_jax.shapes import bucket
+
+
+class SlotDevice:
+  """`Sampler` (params, sizes, stop tables, token texts) on cache rows."""
+
+  def __init__(self, sampler, decode_batch: int, chunk_steps: int):
+    self.sampler = sampler
+    self.decode_batch, self.steps = decode_batch, chunk_steps
+    self.programs = slots.programs(sampler.cfg)
+    self.limit = sampler.config.max_cache_len  # Context tokens per row.
+    # Decode chunks write up to chunk_steps past a row's last token.
+    self.S = self.limit + chunk_steps
+    self.shapes = collections.Counter()  # (program, rows, ..., read_len).
+    self._dev, self._M = None, 0
+
+  @property
+  def trace_counts(self) -> collections.Counter:
+    return self.programs.trace_counts
+
+  def open(self, num_rows: int, max_slots: int) -> int:
+    """Allocates the cache; returns its number of rows (slots)."""
+    sc = self.sampler.config
+    self._M = min(max_slots, bucket(num_rows, sc.batch_buckets))
+    self._dev = slots.init(self.sampler.cfg, self._M, self.S, sc.cache_dtype)
+    self.shapes = collections.Counter()
+    return self._M
+
+  def close(self) -> None:
+    self._dev = None
+
+  def append(self, rows, fresh: bool) -> None:
+    """Prefills (fresh) or appends each row's `obs` into its cache row, a
+    decode batch at a time; row lengths are the engine's to update."""
+    for lo in range(0, len(rows), self.decode_batch):
+      self._append(rows[lo:lo + self.decode_batch], fresh)
+
+  def _append(self, group, fresh: bool) -> None:
+    sc = self.sampler.config
+    T = bucket(max(len(r.obs) for r in group), sc.length_buckets)
+    start = [0 if fresh else r.length for r in group]
+    if max(start) + T > self.S:  # Rare: near the end of the cache.
+      if len(group) > 1:
+        for r in group:
+          self._append([r], fresh)
+        return
+      T = self.S - start[0]
+    read_len = min(bucket(max(start) + T, sc.cache_buckets), self.S)
+    A = bucket(len(group), sc.batch_buckets)
+    self.shapes["append", A, T, read_len] += 1
+    tokens, mask = np.zeros((A, T), np.int32), np.zeros((A, T), bool)
+    rows_A = np.full((A,), self._M, np.int32)
+    for i, r in enumerate(group):
+      tokens[i, :len(r.obs)], mask[i, :len(r.obs)] = r.obs, True
+      rows_A[i] = r.slot
+    self._dev = self.programs.append(
+        self.sampler.params, *self._dev, rows_A,
+        np.arange(A) < len(group) if fresh else np.zeros(A, bool),
+        tokens, mask, read_len)
+
+  def decode(self, rows, seeds, config, stop_strings):
+    """One chunk of up to `chunk_steps` steps of `rows` (each with room),
+    stopping at `stop_strings` as well.
+
+    Returns ([(tokens, logprobs, reason)] per row, slot-steps computed).
+    """
+    sc, steps = self.sampler.config, self.steps
+    R = bucket(len(rows), sc.batch_buckets)
+    pad = lambda xs, fill, dt: np.asarray(
+        list(xs) + [fill] * (R - len(rows)), dt)
+    c = config
+    sampling = (np.full(R, c.temperature, np.float32),
+                np.full(R, c.top_k, np.int32), np.full(R, c.top_p, np.float32))
+    max_new = pad([min(r.budget, self.limit - r.length) for r in rows], 0,
+                  np.int32)
+    read_len = min(bucket(max(r.length for r in rows) + steps,
+                          sc.cache_buckets), self.S)
+    self.shapes["decode", R, read_len] += 1
+    # pylint: disable-next=protected-access
+    eos, table = self.sampler._eos, self.sampler._stop_table(stop_strings)
+    *dev, tokens, lps, num, reason = self.programs.decode(
+        self.sampler.params, *self._dev, pad([r.slot for r in rows], self._M,
+                                             np.int32),
+        pad(seeds, 0, np.uint32), sampling, max_new, eos, table, read_len,
+        steps)
+    self._dev = tuple(dev)
+    tokens, lps, num, reason = jax.device_get((tokens, lps, num, reason))
+    out = [(tokens[j, :num[j]].tolist(), lps[j, :num[j]].tolist(),
+            decoding.REASONS[reason[j]]) for j in range(len(rows))]
+    # Every row of the compiled batch runs each step the longest one runs.
+    return out, R * int(num.max())
+
+  def text(self, row, tokens, why: str, stop_strings) -> str:
+    """The text of a sampled stretch, as `Sampler.generate` returns it."""
+    del row
+    # pylint: disable-next=protected-access
+    return self.sampler._texts([tokens], [why], stop_strings)[0][0]

@@ -1,0 +1,76 @@
+"""SimpleTIR oversampling: more prompts drawn than an iteration needs, and
+groups taken as they complete.
+
+An iteration draws ceil(prompts_per_step * oversample) prompts and runs
+their G samples each through the rollout engine. Each group (one prompt's
+G samples) is scored the moment its last sample ends; once `prompts_per_step`
+complete groups pass the group filters (nonzero reward variance, accuracy
+band), the engine starts no further pair. The iteration keeps every complete
+group (the filters then drop the others, as without oversampling); groups
+cut short by the stop are not used.
+"""
+
+import math
+
+import numpy as np
+
+from swirl_jax.ops import advantages as adv_lib
+from swirl_jax.tasks import checkers
+
+
+def prompts_drawn(per_step: int, oversample: float) -> int:
+  """Prompts an iteration draws; `oversample` < 1 is a config error."""
+  if not oversample >= 1.0:
+    raise ValueError(f"oversample must be >= 1 (got {oversample})")
+  return math.ceil(per_step * oversample - 1e-9)
+
+
+class BandGroups:
+  """`stop_admitting` for `RolloutEngine.run_pairs`: scores each group as
+  it completes; True once `want` complete groups pass the filters."""
+
+  def __init__(self, tasks, group_size: int, groups_config, want: int):
+    self.tasks = {t.id: t for t in tasks}
+    self.G, self.g, self.want = group_size, groups_config, want
+    self.open: dict[str, list] = {}
+    self.complete, self.passing = 0, 0
+
+  def __call__(self, traj) -> bool:
+    group = self.open.setdefault(traj.task_id, [])
+    group.append(traj)
+    if len(group) == self.G:
+      checkers.score_trajectories(group, [self.tasks[traj.task_id]])
+      self.complete += 1
+      self.passing += bool(self.passes([t.reward or 0.0 for t in group]))
+    return self.passing >= self.want
+
+  def passes(self, rewards) -> bool:
+    r = np.asarray(rewards, np.float64)
+    keep = np.ones(len(r), bool)
+    if self.g.drop_zero_variance:
+      keep &= adv_lib.nonzero_variance_filter(r, self.G)
+    if self.g.accuracy_band:
+      lo, hi = self.g.accuracy_band
+      keep &= adv_lib.accuracy_band_filter(r, self.G, lo=lo, hi=hi)
+    return bool(keep.all())
+
+
+def complete_groups(trajs, group_size: int):
+  """The trajectories of groups with all `group_size` samples, in order
+  (the engine returns a group's samples together, in pair order)."""
+  count: dict[str, int] = {}
+  for t in trajs:
+    count[t.task_id] = count.get(t.task_id, 0) + 1
+  return [t for t in trajs if count[t.task_id] == group_size]
+
+
+def rollout(engine, batch_tasks, groups_config, want: int):
+  """The iteration's trajectories, G per prompt; with more prompts drawn
+  than `want`, the complete groups once `want` of them pass the filters."""
+  G = groups_config.group_size
+  if len(batch_tasks) <= want:
+    return engine.run(batch_tasks, samples_per_task=G)
+  stop = BandGroups(batch_tasks, G, groups_config, want)
+  trajs = engine.run_pairs([(t, k) for t in batch_tasks for k in range(G)],
+                           stop_admitting=stop)
+  return complete_groups(trajs, G)
