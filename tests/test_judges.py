@@ -23,7 +23,7 @@ from swirl_jax.models import decoder, presets
 from swirl_jax.models.tokenizer import Tokenizer
 from swirl_jax.rollout.records import StepUnit, Trajectory, Turn
 from swirl_jax.rollout.records import read_jsonl, write_jsonl
-from swirl_jax.swirl import configs, jobs
+from swirl_jax.swirl import jobs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -319,6 +319,7 @@ def test_make_judge_registry():
 
 
 _SWIRL_CONFIGS = ("demo.py", "swirl_gsm8k.py", "swirl_hotpotqa.py",
+                  "swirl_synthetic_arith.py", "swirl_synthetic_multihop.py",
                   "ablations/swirl_filter.py", "ablations/swirl_sft_vs_rl.py")
 
 
@@ -369,8 +370,9 @@ def _filter_workdir(tmp_path, steps):
 
 
 def _filter_config(server, model_name="judge-a"):
-  c = configs.swirl_config("synthetic_arith", model="tiny", checkpoint="",
-                           judge="programmatic", runlocal=True)
+  c = config_lib.load_config_module(
+      str(ROOT / "configs" / "swirl_synthetic_arith.py")).get_config(
+          "model=tiny,judge=programmatic,runlocal")
   c.judge.update(kind="http", base_url=server, model_name=model_name,
                  backoff_s=0.001, max_retries=1)
   return c

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 
 import jax
 import numpy as np
@@ -12,10 +13,12 @@ from swirl_jax import config_lib
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.rollout.records import StepUnit, read_jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
-from swirl_jax.swirl import configs, jobs, stage1, stage2
+from swirl_jax.swirl import jobs, stage1, stage2
 from swirl_jax.tasks import synthetic
 from swirl_jax.tools import registry
 from swirl_jax.training import step as step_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +123,9 @@ def test_stage2_batch_and_loss_equal_the_formulas():
 
 
 def _tiny_config(workdir_filter="none"):
-  c = configs.swirl_config("synthetic_arith", model="tiny", checkpoint="",
-                           judge="programmatic", runlocal=True)
+  c = config_lib.load_config_module(
+      str(ROOT / "configs" / "swirl_synthetic_arith.py")).get_config(
+          "model=tiny,judge=programmatic,runlocal")
   c.data.train_limit, c.data.eval_limit = 3, 2
   c.stage1.update(samples=2, tasks_per_batch=3, max_turns=2,
                   max_new_tokens=12, max_response_tokens=24)

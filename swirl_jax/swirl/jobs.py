@@ -344,7 +344,19 @@ def _stage_list(stages) -> list[str]:
   return [s.strip() for part in stages for s in part.split(",") if s.strip()]
 
 
+def resolve(config) -> ml_collections.ConfigDict:
+  """A copy of `config` with its derived fields set, at job start, so a
+  `--config.` override of what they depend on never leaves them stale."""
+  c = config.copy_and_resolve_references()
+  if not c.rl_train.num_steps:  # One step per mini-batch of an iteration.
+    rows = c.stage2.states_per_step * c.stage2.samples_per_state
+    c.rl_train.num_steps = c.rl_iterations * max(
+        1, rows // (c.rl_train.mini_batch_size or rows))
+  return c
+
+
 def run_pipeline(config, workdir):
+  config = resolve(config)
   for stage in _stage_list(config.stages):
     if stage not in _RUN:
       raise ValueError(f"unknown SWiRL stage {stage!r}; valid: {STAGES}")
@@ -353,7 +365,7 @@ def run_pipeline(config, workdir):
 
 
 def stage_job(stage: str):
-  return lambda config, workdir: _RUN[stage](config, workdir)
+  return lambda config, workdir: _RUN[stage](resolve(config), workdir)
 
 
 run_warmstart_job = stage_job("warmstart")
