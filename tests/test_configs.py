@@ -81,6 +81,10 @@ def test_ablations_are_their_experiment_with_their_own_stages():
                     "base", "rl_outcome")},
                 filter={**want["filter"], "strategy": "outcome"})
     assert got == want, data
+    sft_vs_rl = _parse([f"--config=configs/ablations/swirl_sft_vs_rl.py:"
+                        f"data={data},runlocal,seed=3"]).to_dict()
+    assert sft_vs_rl == base.experiment(data).get_config(
+        "runlocal,seed=3").to_dict()  # The experiment's stages and policies.
   with pytest.raises(config_lib.ConfigError,
                      match=r"^data='gsm9k'; valid: gsm8k, hotpotqa, "):
     base.experiment("gsm9k")
