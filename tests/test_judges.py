@@ -527,5 +527,8 @@ def test_model_judge_with_smollm2():
   good = "First compute 12 times 7. <math_exp>12*7</math_exp>"
   bad = "I like turtles. <search_query>weather in Paris</search_query>"
   p_good, p_bad = j.score([state, state], [good, bad])
-  assert 0.0 < p_bad < 1.0 and 0.0 < p_good < 1.0
-  assert p_good > p_bad  # SmolLM2-135M-Instruct: about 0.21 vs 0.15.
+  # SmolLM2-135M-Instruct's P(GOOD), recorded from two identical runs of
+  # this judge (float32, highest matmul precision as in conftest.py).
+  np.testing.assert_allclose((p_good, p_bad),
+                             (0.21029231436319282, 0.14753317564834895),
+                             rtol=1e-4)
