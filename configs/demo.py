@@ -24,15 +24,17 @@ job `swirl_seeds`, swirl_jax/swirl/seeds.py):
       --workdir=/tmp/swirl_demo_seeds
 """
 
+import os
+
 from swirl_jax import config_lib
 from swirl_jax import warmstart
-from swirl_jax.swirl.configs import swirl_config
 
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, smoke=False, seed=0, seeds=0)
-  c = swirl_config("synthetic_arith", model="mini", checkpoint="",
-                   judge="programmatic", runlocal=True, seed=a.seed)
+  c = config_lib.load_config_module(os.path.join(
+      os.path.dirname(__file__), "swirl_synthetic_arith.py")).get_config(
+          f"model=mini,judge=programmatic,runlocal,seed={a.seed}")
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
   c.stages = ("warmstart", "stage1", "filter", "rl", "eval", "report")
   c.warmstart = warmstart.cpu_demo_config("swirl", a.seed)
@@ -47,7 +49,6 @@ def get_config(arg=None):
   c.rl_iterations = 24
   c.rl_train.optim.update(lr=1e-4, grad_clip=1.0)
   c.rl_train.mini_batch_size = 64
-  c.rl_train.num_steps = c.rl_iterations
   c.rl_train.checkpoint_every = 20
   c.eval.policies = ("base", "rl")
   c.seeds = a.seeds
@@ -61,6 +62,6 @@ def get_config(arg=None):
     c.data.update(train_limit=4, eval_limit=4)
     c.stage1.update(samples=2, max_turns=3)
     c.stage2.update(states_per_step=4)
-    c.rl_iterations = c.rl_train.num_steps = 2
+    c.rl_iterations = 2
     c.rl_train.mini_batch_size = 16
   return c

@@ -19,7 +19,7 @@ init otherwise), runlocal (CPU sizes), filter_void (default true), data
 
 import ml_collections
 
-from swirl_jax import config_lib
+from swirl_jax import config_lib, fit_programs
 from swirl_jax.training import trainer as trainer_lib
 
 
@@ -80,4 +80,6 @@ def get_config(arg=None):
   rows = c.prompts_per_step * c.grpo.group_size
   t.num_steps = c.num_iterations * max(1, rows // t.mini_batch_size)
   c.train = t
+  # --config.job=fit: the memory fit on a target (swirl_jax/fit.py).
+  c.fit = fit_programs.default_config()
   return c

@@ -12,17 +12,22 @@ CPU (SmolLM2-135M-Instruct, the policy judging itself; tiny sizes):
   python -m swirl_jax.main --config=configs/swirl_gsm8k.py:runlocal \
       --workdir=/tmp/swirl_gsm8k_cpu
 
-Args: model (preset), checkpoint, judge (model | http | programmatic),
+SWiRL's own settings (sampling, judge, filter, stage 2, SFT, CPU sizes) are
+in configs/swirl_base.py; this file adds the data, the tool and the step
+cap. Args: model (preset), checkpoint, judge (model | http | programmatic),
 runlocal, seed. Run one stage with `--config.stages=rl,eval`-style
 overrides or the `swirl_<stage>` jobs.
 """
 
+import os
+
 from swirl_jax import config_lib
-from swirl_jax.swirl.configs import swirl_config
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, model="smollm2_135m", checkpoint="",
-                           judge="model", runlocal=False, seed=0)
-  return swirl_config("gsm8k", model=a.model, checkpoint=a.checkpoint,
-                      judge=a.judge, runlocal=a.runlocal, seed=a.seed)
+  c = config_lib.load_config_module(os.path.join(
+      os.path.dirname(__file__), "swirl_base.py")).get_config(arg)
+  c.data.update(train="gsm8k", eval="gsm8k", eval_split="test")
+  c.tools.names = ("calculator",)
+  c.stage1.max_turns = 10  # The paper's step cap for GSM8K.
+  return c

@@ -12,17 +12,28 @@ CPU (SmolLM2-135M-Instruct, the policy judging itself; tiny sizes):
   python -m swirl_jax.main --config=configs/swirl_hotpotqa.py:runlocal \
       --workdir=/tmp/swirl_hotpotqa_cpu
 
-Args: model (preset), checkpoint, judge (model | http | programmatic),
-runlocal, seed. Run one stage with `--config.stages=rl,eval`-style
-overrides or the `swirl_<stage>` jobs.
+SWiRL's own settings (sampling, judge, filter, stage 2, SFT, CPU sizes) are
+in configs/swirl_base.py; this file adds the data, the search corpora and
+the step cap. Args: model (preset), checkpoint, judge (model | http |
+programmatic), runlocal, seed. Run one stage with `--config.stages=rl,eval`-
+style overrides or the `swirl_<stage>` jobs.
 """
 
+import os
+
 from swirl_jax import config_lib
-from swirl_jax.swirl.configs import swirl_config
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, model="smollm2_135m", checkpoint="",
-                           judge="model", runlocal=False, seed=0)
-  return swirl_config("hotpotqa", model=a.model, checkpoint=a.checkpoint,
-                      judge=a.judge, runlocal=a.runlocal, seed=a.seed)
+  c = config_lib.load_config_module(os.path.join(
+      os.path.dirname(__file__), "swirl_base.py")).get_config(arg)
+  c.data.update(train="hotpotqa", eval="hotpotqa", eval_split="dev")
+  # Training questions search the train split's paragraphs; held-out ones
+  # the dev split's.
+  c.tools.update(names=("search",), search_corpus="hotpotqa:train")
+  c.eval.search_corpus = "hotpotqa:dev"
+  c.stage1.max_turns = 5  # The paper's step cap for QA.
+  # The paper drops questions answerable in one search (read off stage 1's
+  # own samples: stage1.easy_max_calls).
+  c.stage1.drop_easy = True
+  return c

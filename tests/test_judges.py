@@ -23,7 +23,7 @@ from swirl_jax.models import decoder, presets
 from swirl_jax.models.tokenizer import Tokenizer
 from swirl_jax.rollout.records import StepUnit, Trajectory, Turn
 from swirl_jax.rollout.records import read_jsonl, write_jsonl
-from swirl_jax.swirl import configs, jobs
+from swirl_jax.swirl import jobs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -319,6 +319,7 @@ def test_make_judge_registry():
 
 
 _SWIRL_CONFIGS = ("demo.py", "swirl_gsm8k.py", "swirl_hotpotqa.py",
+                  "swirl_synthetic_arith.py", "swirl_synthetic_multihop.py",
                   "ablations/swirl_filter.py", "ablations/swirl_sft_vs_rl.py")
 
 
@@ -369,8 +370,9 @@ def _filter_workdir(tmp_path, steps):
 
 
 def _filter_config(server, model_name="judge-a"):
-  c = configs.swirl_config("synthetic_arith", model="tiny", checkpoint="",
-                           judge="programmatic", runlocal=True)
+  c = config_lib.load_config_module(
+      str(ROOT / "configs" / "swirl_synthetic_arith.py")).get_config(
+          "model=tiny,judge=programmatic,runlocal")
   c.judge.update(kind="http", base_url=server, model_name=model_name,
                  backoff_s=0.001, max_retries=1)
   return c
@@ -525,5 +527,8 @@ def test_model_judge_with_smollm2():
   good = "First compute 12 times 7. <math_exp>12*7</math_exp>"
   bad = "I like turtles. <search_query>weather in Paris</search_query>"
   p_good, p_bad = j.score([state, state], [good, bad])
-  assert 0.0 < p_bad < 1.0 and 0.0 < p_good < 1.0
-  assert p_good > p_bad  # SmolLM2-135M-Instruct: about 0.21 vs 0.15.
+  # SmolLM2-135M-Instruct's P(GOOD), recorded from two identical runs of
+  # this judge (float32, highest matmul precision as in conftest.py).
+  np.testing.assert_allclose((p_good, p_bad),
+                             (0.21029231436319282, 0.14753317564834895),
+                             rtol=1e-4)

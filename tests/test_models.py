@@ -240,12 +240,24 @@ def test_gguf_of_another_architecture(tmp_path):
     gguf_io.load_gguf(path)
 
 
+# Parameters of each preset, computed once with transformers:
+# AutoModelForCausalLM.from_config(to_hf_config(cfg)) on torch's meta device,
+# sum of p.numel() (tied embeddings once); equal to ours for every preset.
+_PRESET_PARAMS = dict(
+    tiny=90_432, mini=1_016_960, smollm2_135m=134_515_008,
+    qwen2_5_0_5b=494_032_768, qwen2_5_7b=7_615_616_512,
+    llama3_2_1b=1_235_814_400, qwen3_0_6b=596_049_920,
+    qwen3_1_7b=1_720_574_976, qwen3_4b=4_022_468_096,
+    qwen3_8b=8_190_735_360, gemma2_2b=2_614_341_888,
+    gemma2_9b=9_241_705_984, gemma2_27b=27_227_128_320)
+
+
 def test_presets_build():
+  counts = {}
   for name in presets.PRESETS:
-    cfg = presets.get_preset(name)
-    shapes = decoder.abstract_params(cfg)
-    n = sum(np.prod(x.shape) for x in jax.tree.leaves(shapes))
-    assert n > 0
+    shapes = decoder.abstract_params(presets.get_preset(name))
+    counts[name] = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  assert counts == _PRESET_PARAMS
   with pytest.raises(ValueError, match="valid:"):
     presets.get_preset("gpt5")
   assert presets.get_preset("gemma2_2b").sliding_layers[:2] == (True, False)

@@ -144,11 +144,16 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
   train.run(c, str(tmp_path), make_sampler=make_sampler)
   assert any("final_answer" in s for s in ran)
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  assert len(lines) >= 3
+  # 3 iterations x (2 prompts x 4 rows // mini-batch 4) steps. Grad norms:
+  # recorded from two identical runs of this test.
+  np.testing.assert_allclose(
+      [l["grad_norm"] for l in lines],
+      [5.951700222794898e-05, 0.00010798522271215916, 0.000118911630124785,
+       4.4710355723509565e-05, 7.2482529503759e-05, 7.351527165155858e-05],
+      rtol=2e-4)
   for l in lines:
     assert l["void_rate"] == pytest.approx(0.25)
     assert l["reward"] == pytest.approx(0.5)
-    assert np.isfinite(l["grad_norm"]) and l["grad_norm"] > 0
   assert (tmp_path / "rollouts" / "iter_000002.jsonl").exists()
   rows = report.iterations(tmp_path)  # The run's own report reads them.
   assert [r["iteration"] for r in rows] == list(range(c.num_iterations))
@@ -200,7 +205,9 @@ def test_grpo_iteration_with_real_tiny_model(tmp_path):
   c.grpo.filter_void = False
   train.run(c, str(tmp_path))
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  assert lines and all(np.isfinite(l["loss"]) for l in lines)
+  # The random tiny model answers nothing: every reward and so every GRPO
+  # advantage is 0, and with no KL term (SimpleTIR) loss and gradient are 0.
+  assert [(l["loss"], l["grad_norm"]) for l in lines] == [(0.0, 0.0)] * 2
 
 
 def _main(root, *args):

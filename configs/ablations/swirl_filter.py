@@ -7,25 +7,26 @@ r"""SWiRL filter ablation: stage 2 on steps kept by one of the four filters.
   done
 
 The four runs share the workdir: stage 1 and the judge's labels are made
-once and reused; each filter's stage 2 writes <workdir>/rl_<filter>. Args:
-filter, data (gsm8k | hotpotqa | synthetic_arith | synthetic_multihop),
-model, checkpoint, judge, runlocal, seed.
+once and reused; each filter's stage 2 writes <workdir>/rl_<filter>. The
+rest is the experiment configs/swirl_<data>.py. Args: filter, data (gsm8k |
+hotpotqa | synthetic_arith | synthetic_multihop), model, checkpoint, judge,
+runlocal, seed.
 """
+
+import os
 
 from swirl_jax import config_lib
 from swirl_jax.swirl import filters
-from swirl_jax.swirl.configs import swirl_config
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, filter="process", data="gsm8k",
-                           model="smollm2_135m", checkpoint="", judge="model",
-                           runlocal=False, seed=0)
+  base = config_lib.load_config_module(os.path.join(
+      os.path.dirname(__file__), "..", "swirl_base.py"))
+  a = config_lib.parse_arg(arg, filter="process", data="gsm8k", **base.ARGS)
   if a.filter not in filters.STRATEGIES:
     raise config_lib.ConfigError(f"filter={a.filter!r}; valid: "
                                  f"{', '.join(filters.STRATEGIES)}")
-  c = swirl_config(a.data, model=a.model, checkpoint=a.checkpoint,
-                   judge=a.judge, runlocal=a.runlocal, seed=a.seed)
+  c = base.experiment(a.data).get_config(a)
   c.stages = ("stage1", "filter", "rl", "eval")
   c.filter.strategy = a.filter
   c.rl_name = f"rl_{a.filter}"

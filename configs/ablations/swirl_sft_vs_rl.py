@@ -4,20 +4,23 @@ r"""SWiRL vs the SFT baseline on the same process-filtered steps.
       --config=configs/ablations/swirl_sft_vs_rl.py:data=gsm8k,runlocal \
       --workdir=/tmp/swirl_ablation
 
-Args: data, model, checkpoint, judge, runlocal, seed (as the filter
-ablations).
+The experiment configs/swirl_<data>.py, every stage but the report: stage 2
+and the SFT baseline (configs/swirl_base.py `sft_train`: 500 steps, lr
+1e-6) train on the same filtered steps, and both are evaluated against the
+base policy. Args: data (gsm8k | hotpotqa | synthetic_arith |
+synthetic_multihop), model, checkpoint, judge, runlocal, seed.
 """
 
+import os
+
 from swirl_jax import config_lib
-from swirl_jax.swirl.configs import swirl_config
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, data="gsm8k", model="smollm2_135m",
-                           checkpoint="", judge="model", runlocal=False,
-                           seed=0)
-  c = swirl_config(a.data, model=a.model, checkpoint=a.checkpoint,
-                   judge=a.judge, runlocal=a.runlocal, seed=a.seed)
+  base = config_lib.load_config_module(os.path.join(
+      os.path.dirname(__file__), "..", "swirl_base.py"))
+  a = config_lib.parse_arg(arg, data="gsm8k", **base.ARGS)
+  c = base.experiment(a.data).get_config(a)
   c.stages = ("stage1", "filter", "rl", "sft", "eval")
   c.eval.policies = ("base", "rl", "sft")
   return c

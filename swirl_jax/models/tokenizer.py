@@ -27,6 +27,10 @@ the observation frame (`rollout.prompts.observation_frame`), so a sampled
 think block stays in the sequence exactly as sampled. Template variables such
 as `enable_thinking=False` are set once per tokenizer
 (`chat_template_kwargs`), so the prompt and every observation frame agree.
+
+Size: about 450 lines, one class whose methods share its backend, specials
+and template state; the vocabulary pipelines and the GGUF conversion are
+already their own modules (tokenizer_pipeline.py, gguf_tokenizer.py).
 """
 
 import copy

@@ -349,6 +349,17 @@ def _stage_list(stages) -> list[str]:
   return [s.strip() for part in stages for s in part.split(",") if s.strip()]
 
 
+def resolve(config) -> ml_collections.ConfigDict:
+  """A copy of `config` with its derived fields set, at job start, so a
+  `--config.` override of what they depend on never leaves them stale."""
+  c = config.copy_and_resolve_references()
+  if not c.rl_train.num_steps:  # One step per mini-batch of an iteration.
+    rows = c.stage2.states_per_step * c.stage2.samples_per_state
+    c.rl_train.num_steps = c.rl_iterations * max(
+        1, rows // (c.rl_train.mini_batch_size or rows))
+  return c
+
+
 def _check(c, stages) -> None:
   """Fails on a misspelt stage, filter or judge before any stage runs."""
   for what, value, valid in (
@@ -364,6 +375,7 @@ def _check(c, stages) -> None:
 
 
 def run_pipeline(config, workdir):
+  config = resolve(config)
   stages = _stage_list(config.stages)
   _check(config, stages)
   for stage in stages:
@@ -374,7 +386,7 @@ def run_pipeline(config, workdir):
 def stage_job(stage: str):
   def run(config, workdir):
     _check(config, [stage])
-    return _RUN[stage](config, workdir)
+    return _RUN[stage](resolve(config), workdir)
   return run
 
 
