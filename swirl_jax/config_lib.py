@@ -87,7 +87,9 @@ def model_config(preset: str = "smollm2_135m", checkpoint: str | None = None,
     checkpoint = "bundled" if preset == "smollm2_135m" else ""
   return ml_collections.ConfigDict(dict(
       preset=preset, checkpoint=checkpoint, tokenizer="", dtype=dtype,
-      param_dtype="float32", remat="none"))
+      # 'auto': chosen from the model's size and the backend at load
+      # (models/loading.py: fp32 master weights, full remat from 1B).
+      param_dtype="auto", remat="auto"))
 
 
 def data_dir() -> str:

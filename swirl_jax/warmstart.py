@@ -151,8 +151,8 @@ def run(c, workdir, tasks, tools) -> str:
     seqs = [(tok_, np.ones_like(mask), lp) for tok_, mask, lp in seqs]
   elif w.loss_on != "actions":
     raise ValueError(f"warmstart.loss_on {w.loss_on!r}; valid: actions, all")
-  cfg = presets.get_preset(c.model.preset, dtype=c.model.dtype,
-                           param_dtype=c.model.param_dtype)
+  m = loading.resolve_model_block(c.model.copy_and_resolve_references(), 0)
+  cfg = presets.get_preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype)
   cfg = cfg.replace(vocab_size=tok.vocab_size, bos_token_id=tok.bos_id,
                     eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
   params = decoder.init_params(cfg, jax.random.key(c.seed))

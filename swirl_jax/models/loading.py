@@ -10,14 +10,39 @@
   render, e.g. `{'enable_thinking': False}` for Qwen3
 """
 
+import math
 import os
 
 import jax
+import ml_collections
 
 from swirl_jax import paths
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, gguf_io, hf_io, presets
 from swirl_jax.models.tokenizer import Tokenizer
+
+
+BIG_MODEL_PARAMS = 1e9  # From here on: FSDP and full remat by default.
+
+
+def num_params(model_cfg) -> int:
+  """Parameter count of a ModelConfig, from shapes alone."""
+  return sum(math.prod(x.shape) for x in
+             jax.tree.leaves(decoder.abstract_params(model_cfg)))
+
+
+def resolve_model_block(model, n_params: int, backend: str | None = None):
+  """`config.model` with its 'auto' numerics and remat resolved (in place;
+  returned too)."""
+  backend = backend or jax.default_backend()
+  auto = {"dtype": "float32" if backend == "cpu" else "bfloat16",
+          "param_dtype": "float32",
+          "remat": "full" if n_params >= BIG_MODEL_PARAMS else "none"}
+  with model.unlocked():
+    for key, value in auto.items():
+      if model.get(key, "auto") == "auto":
+        model[key] = value
+  return model
 
 
 def _resolve(spec: str) -> str:
@@ -38,8 +63,11 @@ def load_tokenizer(spec: str, reader=None,
 
 def load_policy(model_cfg, mesh=None, rules=shd.DEFAULT_RULES, seed: int = 0):
   """Loads (or randomly initialises) the policy described by `model_cfg`."""
-  over = dict(dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype,
-              remat=model_cfg.get("remat", "none"))
+  # 'auto' numerics resolve by backend; 'auto' remat once the size is known.
+  over = dict(resolve_model_block(ml_collections.ConfigDict(dict(
+      dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype,
+      remat=model_cfg.get("remat", "none"))), 0))
+  auto_remat = over["remat"] != model_cfg.get("remat", "none")
   ckpt = _resolve(model_cfg.checkpoint)
   if ckpt and not os.path.exists(ckpt):
     raise hf_io.CheckpointError(f"{ckpt}: checkpoint is missing (a .gguf "
@@ -66,4 +94,6 @@ def load_policy(model_cfg, mesh=None, rules=shd.DEFAULT_RULES, seed: int = 0):
     cfg, params = gguf_io.load_gguf(reader, mesh=mesh, rules=rules, **over)
   else:
     cfg, params = hf_io.load_hf_dir(ckpt, mesh=mesh, rules=rules, **over)
+  if auto_remat and num_params(cfg) >= BIG_MODEL_PARAMS:
+    cfg = cfg.replace(remat="full")
   return cfg, params, tokenizer

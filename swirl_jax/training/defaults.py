@@ -17,15 +17,15 @@ Fields set to anything else are left as they are.
 """
 
 import ast
-import math
 
 import jax
 
 from swirl_jax import config_lib
-from swirl_jax.models import decoder, presets
-
-BIG_MODEL_PARAMS = 1e9
-
+from swirl_jax.models import presets
+# The size rules live beside the loader, which resolves the same 'auto'
+# fields on the model it loads.
+from swirl_jax.models.loading import BIG_MODEL_PARAMS, num_params
+from swirl_jax.models.loading import resolve_model_block
 
 def resolve_mesh(mesh, num_params: int) -> list[tuple[str, int]]:
   """The mesh spec for `train.mesh` (see the module doc)."""
@@ -40,20 +40,6 @@ def resolve_mesh(mesh, num_params: int) -> list[tuple[str, int]]:
       return [("data", 1), ("fsdp", -1), ("tensor", 1)]
     return [("data", -1), ("fsdp", 1), ("tensor", 1)]
   return [tuple(x) for x in mesh]
-
-
-def resolve_model_block(model, num_params: int, backend: str | None = None):
-  """`config.model` with its 'auto' numerics and remat resolved (in place;
-  returned too)."""
-  backend = backend or jax.default_backend()
-  auto = {"dtype": "float32" if backend == "cpu" else "bfloat16",
-          "param_dtype": "float32",
-          "remat": "full" if num_params >= BIG_MODEL_PARAMS else "none"}
-  with model.unlocked():
-    for key, value in auto.items():
-      if model.get(key, "auto") == "auto":
-        model[key] = value
-  return model
 
 
 def micro_batches_for(config, rows: int, length: int, data_shards: int
@@ -73,12 +59,6 @@ def micro_batches_for(config, rows: int, length: int, data_shards: int
     if per_shard % m == 0 and (per_shard // m) * length <= budget:
       return m
   return per_shard  # One row per device per micro-batch: the least.
-
-
-def num_params(model_cfg) -> int:
-  """Parameter count of a ModelConfig, from shapes alone."""
-  return sum(math.prod(x.shape) for x in
-             jax.tree.leaves(decoder.abstract_params(model_cfg)))
 
 
 def preset_params(model) -> int:
