@@ -64,6 +64,5 @@ def get_config(arg=None):
     c.num_iterations = 2
     c.rollout.update(max_turns=2, max_new_tokens=24)
     t.mini_batch_size = 8
-  t.num_steps = c.num_iterations * max(
-      1, c.prompts_per_step * c.grpo.group_size // t.mini_batch_size)
+  t.num_steps = 0  # Derived at job start (simpletir.train.resolve).
   return c

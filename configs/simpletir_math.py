@@ -75,10 +75,9 @@ def get_config(arg=None):
     t.mini_batch_size = 8
     t.optim.lr = 2e-5
     t.checkpoint_every = 4
-  # One optimizer step per mini-batch of each iteration's rows (an upper
-  # bound: filtered batches take fewer).
-  rows = c.prompts_per_step * c.grpo.group_size
-  t.num_steps = c.num_iterations * max(1, rows // t.mini_batch_size)
+  # 0: one optimizer step per mini-batch of each iteration's rows, set at
+  # job start (simpletir.train.resolve) so overrides never leave it stale.
+  t.num_steps = 0
   c.train = t
   # --config.job=fit: the memory fit on a target (swirl_jax/fit.py).
   c.fit = fit_programs.default_config()

@@ -11,6 +11,7 @@ from ml_collections import config_flags
 
 from swirl_jax import config_lib
 from swirl_jax import jobs as job_registry
+from swirl_jax.simpletir import train as simpletir_train
 from swirl_jax.swirl import jobs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -124,3 +125,19 @@ def test_derived_steps_at_full_size():
   # configs/demo.py: 24 iterations × (16 × 4 // 64) = 24; smoke 2 × 1.
   assert _num_steps(config="configs/demo.py") == (24, 24)
   assert _num_steps(config="configs/demo.py:smoke") == (2, 2)
+
+
+@pytest.mark.parametrize("config,overrides,want", [
+    # num_iterations × (prompts_per_step × group_size // mini_batch_size).
+    ("configs/simpletir_math.py", (), 200 * (512 * 16 // 128)),
+    ("configs/simpletir_math.py", ("--config.num_iterations=10",), 640),
+    ("configs/simpletir_math.py:runlocal", (), 8 * (4 * 4 // 8)),
+    ("configs/simpletir_demo.py", ("--config.train.mini_batch_size=32",),
+     16 * (16 * 8 // 32)),
+    ("configs/simpletir_math.py", ("--config.train.num_steps=7",), 7),
+])
+def test_simpletir_derived_steps_follow_overrides(config, overrides, want):
+  c = _parse([f"--config={config}", *overrides])
+  before = c.train.num_steps
+  assert simpletir_train.resolve(c).train.num_steps == want
+  assert c.train.num_steps == before  # The flags' config is left as is.

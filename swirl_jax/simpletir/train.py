@@ -60,10 +60,22 @@ def split_grad_norms(probe, params, trajs, rows, adv, groups, *,
   return out
 
 
+def resolve(config):
+  """A copy of `config` with `train.num_steps` (0) derived: one optimizer
+  step per mini-batch of each iteration's rows (an upper bound: filtered
+  batches take fewer), so `--config.` overrides never leave it stale."""
+  c = config.copy_and_resolve_references()
+  if not c.train.num_steps:
+    rows = c.prompts_per_step * c.grpo.group_size
+    c.train.num_steps = c.num_iterations * max(
+        1, rows // (c.train.mini_batch_size or rows))
+  return c
+
+
 def run(config, workdir: str, *, make_sampler=None) -> None:
   """The training job; `make_sampler(params, cfg, tok)` overrides the
   sampler (tests replay scripted turns through the real sandbox)."""
-  c = config
+  c = resolve(config)
   work = pathlib.Path(workdir)
   # Bad rollout or group settings fail here, before any data or model work.
   rollout_cfg = loop_lib.RolloutConfig.from_config(c.rollout)
