@@ -10,6 +10,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from swirl_jax import distributed
 from swirl_jax import jobs
 
 config_flags.DEFINE_config_file(
@@ -17,24 +18,10 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_string("workdir", None, "Where outputs and checkpoints go.")
 flags.mark_flags_as_required(["config", "workdir"])
 
-# Set by launchers when several processes form one job.
-_MULTIPROCESS_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
-
-
-def _is_multiprocess() -> bool:
-  if any(os.environ.get(k) for k in _MULTIPROCESS_ENV):
-    return True
-  if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-    return True
-  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-  return len([h for h in hosts.split(",") if h]) > 1
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _is_multiprocess():
-    jax.distributed.initialize()
+  distributed.initialize()  # Before anything touches a device.
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
     job = jobs.get(config.get("job", ""))
@@ -44,6 +31,7 @@ def main(argv):
   except KeyError as e:
     sys.exit(f"error: {e.args[0]}")
   os.makedirs(workdir, exist_ok=True)
+  distributed.check_shared_workdir(workdir)  # Multi-process: seen by all.
   logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
                workdir, jax.process_count(), jax.device_count())
   job(config, workdir)

@@ -14,10 +14,10 @@ import pathlib
 import numpy as np
 from absl import logging
 
-from swirl_jax import warmstart
+from swirl_jax import distributed, warmstart
 from swirl_jax.models import loading
 from swirl_jax.rollout import loop as loop_lib
-from swirl_jax.rollout.records import write_jsonl
+from swirl_jax.rollout.records import Trajectory, write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import grpo
 from swirl_jax.simpletir import report
@@ -57,7 +57,8 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   trainer = trainer_lib.Trainer(c.train, workdir, cfg, params=params)
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))
-  sampler = make_sampler(trainer.policy_params(), cfg, tok)
+  sampler = make_sampler(distributed.local_copy(trainer.policy_params()),
+                         cfg, tok)
   rollout = loop_lib.RolloutLoop(sampler, tok, tools,
                                  loop_lib.RolloutConfig.from_config(c.rollout))
   groups = grpo.GroupConfig.from_config(c.grpo)
@@ -68,12 +69,16 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
                                           start):
       if it >= c.num_iterations:
         break
-      sampler.params = trainer.policy_params()
+      sampler.params = distributed.local_copy(trainer.policy_params())
       rollout.config = loop_lib.RolloutConfig.from_config(
           dict(c.rollout, seed=c.seed * 100003 + it))
-      trajs = rollout.run(batch_tasks, samples_per_task=groups.group_size)
-      checkers.score_trajectories(trajs, batch_tasks)
-      write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
+      trajs = distributed.run_shared(  # Each host its share; all get all.
+          lambda pairs: _scored(rollout.run_pairs(pairs), pairs),
+          [(t, k) for t in batch_tasks for k in range(groups.group_size)],
+          to_text=Trajectory.to_json, from_text=Trajectory.from_json)
+      with distributed.one_writer(f"iteration {it} rollouts") as writing:
+        if writing:
+          write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
       rows, adv, stats = grpo.select_rows(trajs, groups)
       batch = None if not len(rows) else grpo.make_batch(trajs, rows, adv,
                               mini_batch_size=c.train.mini_batch_size or 1,
@@ -90,5 +95,13 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
     trainer.close(save=ok)
   if c.train.export_hf:
     trainer.export_hf(tokenizer=tok)
-  (work / "done.json").write_text(json.dumps({"iterations": c.num_iterations}))
-  logging.info("reward curve (report.md):\n%s", report.write(work))
+  with distributed.one_writer(f"{work} report") as writing:
+    if writing:
+      (work / "done.json").write_text(
+          json.dumps({"iterations": c.num_iterations}))
+      logging.info("reward curve (report.md):\n%s", report.write(work))
+
+
+def _scored(trajs, pairs):
+  checkers.score_trajectories(trajs, [t for t, _ in pairs])
+  return trajs
