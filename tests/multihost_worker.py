@@ -159,6 +159,7 @@ def swirl_scenario(work: pathlib.Path) -> None:
   c = test_swirl._tiny_config()  # pylint: disable=protected-access
   c.stages = ("stage1", "filter", "rl")
   c.rl_train.async_checkpoints = False
+  c.rl_train.loss.kl_coef = 0.05  # Reference log-probs: a global array.
   jobs.run_pipeline(c, str(work))
 
 
