@@ -23,6 +23,8 @@ Options ([environment variable] that sets the default):
   --workdir DIR         output directory, on a file system all nodes share
                         [WORKDIR]
   --nodes N             nodes, one process each (default 1) [NODES]
+  --port P              jax.distributed coordinator port on the first node
+                        (default 8476) [COORDINATOR_PORT]
   --gpus-per-node G     GPUs per node (default 8) [GPUS_PER_NODE]
   --partition P         SLURM partition [PARTITION]
   --time T              time limit, e.g. 24:00:00 [TIME_LIMIT]
@@ -61,6 +63,7 @@ option_var() {
     --config) echo CONFIG ;;
     --workdir) echo WORKDIR ;;
     --nodes) echo NODES ;;
+    --port) echo COORDINATOR_PORT ;;
     --gpus-per-node) echo GPUS_PER_NODE ;;
     --partition) echo PARTITION ;;
     --time) echo TIME_LIMIT ;;
@@ -116,6 +119,7 @@ check_job_options() {
   require WORKDIR --workdir
   positive_int "$NODES" --nodes
   positive_int "$GPUS_PER_NODE" --gpus-per-node
+  positive_int "$COORDINATOR_PORT" --port
   [[ -f $CHECKOUT/${CONFIG%%:*} ]] || die "no config ${CONFIG%%:*} in $CHECKOUT"
   # The job starts in the checkout; paths given from here must not move.
   WORKDIR=$(absolute "$WORKDIR")
@@ -156,12 +160,17 @@ EOF
 # One process per node drives all of the node's GPUs. Without this, JAX's
 # SLURM auto-detection would give each process only GPU number SLURM_LOCALID.
 export JAX_LOCAL_DEVICE_IDS=$(device_ids "$GPUS_PER_NODE")
-# With more than one task (SLURM_NTASKS > 1), swirl_jax.main calls
-# jax.distributed.initialize(), which takes the coordinator (first node),
-# process count and process id from the SLURM_* variables srun sets.
+# jax.distributed (swirl_jax.distributed.initialize): the coordinator on
+# the first node, one process per node, each its SLURM_PROCID as its id.
+: "\${SLURM_JOB_NODELIST:?not in a SLURM job; submit this script with sbatch}"
+first_node=\$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | head -n 1)
+export JAX_COORDINATOR_ADDRESS="\$first_node:$COORDINATOR_PORT"
+export JAX_NUM_PROCESSES=\$SLURM_NNODES
 # --kill-on-bad-exit: one failed process ends the job instead of leaving
 # the others blocked in a collective.
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 $(quote_words "${main_words[@]}")
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\
+  bash -c 'export JAX_PROCESS_ID=\$SLURM_PROCID; exec "\$@"' swirl_jax \\
+  $(quote_words "${main_words[@]}")
 EOF
 }
 
@@ -213,6 +222,7 @@ main() {
   local cmd=$1
   shift
   CONFIG=${CONFIG:-} WORKDIR=${WORKDIR:-} NODES=${NODES:-1}
+  COORDINATOR_PORT=${COORDINATOR_PORT:-8476}
   GPUS_PER_NODE=${GPUS_PER_NODE:-8} PARTITION=${PARTITION:-}
   TIME_LIMIT=${TIME_LIMIT:-} VENV=${VENV:-$HOME/venvs/swirl_jax}
   JOB_NAME=swirl_jax

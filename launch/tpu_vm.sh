@@ -243,6 +243,9 @@ worker0_ip() {
 cmd_run() {
   require CONFIG --config
   require WORKDIR --workdir
+  # Records (JSONL shards, metrics) are appended with local file I/O.
+  [[ $WORKDIR != *://* ]] || die "--workdir $WORKDIR: swirl_jax writes" \
+    "with local file I/O; mount the bucket (gcsfuse) and pass the mount path"
   local coordinator=$COORDINATOR ip
   if [[ -z $coordinator ]]; then
     ip=$(worker0_ip)

@@ -5,15 +5,17 @@ SPMD program over a global mesh. This module holds what every job needs for
 that, on top of `jax.distributed` and `jax.experimental.multihost_utils`:
 
 - `initialize()`: `jax.distributed.initialize` from the launchers' settings.
-- `host_share(pairs, seed)`: this host's (task, sample) pairs, each with a
-  seed derived from the run seed and the pair only, so results do not
-  depend on the host count.
-- `global_batch(local, sharding)`: one global array per field from each
-  host's rows, after a cross-host check of names, shapes and dtypes that
-  fails on every host with a message naming the host that differs.
-- `gather(rows)` / `to_host(x)`: numpy values every host needs, from
-  process-local rows or from globally sharded arrays (never a `device_get`
-  of a non-addressable array).
+- `host_share(pairs, seed)`, `host_block(n)`: this host's (task, sample)
+  pairs, each with a seed from the run seed and the pair only, so results
+  do not depend on the host count; `run_shared(fn, items)` runs a host's
+  block and gives every host all results (`gather_texts`).
+- `global_batch(local, sharding)` (each host its rows) and
+  `place_rows(full, sharding)` (each host the same whole batch): one global
+  array per field, after a cross-host check of names, shapes and dtypes
+  that fails on every host with a message naming the host that differs.
+- `gather(rows)` / `to_host(x)` / `local_copy(x)`: values every host needs,
+  from process-local rows or from globally sharded arrays (never a
+  `device_get` of a non-addressable array).
 - `is_writer()`, `one_writer(what)`: one process writes each file.
 - `check_shared_workdir(workdir)`: a workdir every host sees, or a clear
   error at start.
@@ -30,7 +32,7 @@ import hashlib
 import json
 import os
 import uuid
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -128,6 +130,23 @@ def pair_seed(run_seed: int, task_id: Any, sample: int) -> int:
   return int.from_bytes(digest, "little") % (2**31 - 1)
 
 
+def host_block(n: int, *, even: bool = True, process_index: int | None = None,
+               process_count: int | None = None) -> slice:
+  """This host's contiguous block of `n` items (host i: the i-th block).
+
+  `even=True` (rows of a global batch) raises unless the hosts get equal
+  counts; otherwise the first `n % count` hosts take one more.
+  """
+  pid = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if even and n % count:
+    raise ValueError(f"{n} (task, sample) pairs do not split evenly over "
+                     f"{count} hosts; make the batch a multiple of {count}")
+  size, extra = divmod(n, count)
+  start = pid * size + min(pid, extra)
+  return slice(start, start + size + (pid < extra))
+
+
 def host_share(pairs: Sequence[tuple[Any, int]], seed: int, *,
                process_index: int | None = None,
                process_count: int | None = None) -> list[Pair]:
@@ -139,14 +158,8 @@ def host_share(pairs: Sequence[tuple[Any, int]], seed: int, *,
   A count that does not divide evenly raises: the global batch needs equal
   rows per host.
   """
-  pid = jax.process_index() if process_index is None else process_index
-  count = jax.process_count() if process_count is None else process_count
-  if len(pairs) % count:
-    raise ValueError(f"{len(pairs)} (task, sample) pairs do not split evenly "
-                     f"over {count} hosts; make the batch a multiple of "
-                     f"{count}")
-  size = len(pairs) // count
-  block = pairs[pid * size:(pid + 1) * size]
+  block = pairs[host_block(len(pairs), process_index=process_index,
+                           process_count=process_count)]
   return [Pair(t, int(s), pair_seed(seed, t, s)) for t, s in block]
 
 
@@ -257,6 +270,37 @@ def global_batch(local: Mapping[str, np.ndarray],
           for k, v in local.items()}
 
 
+def place_rows(full: Mapping[str, np.ndarray],
+               sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+  """Global arrays from a batch every host holds whole (built the same way
+  on each, e.g. from gathered rollouts); each host hands over only the rows
+  its devices hold. Checked across hosts first, as in `global_batch`."""
+  text, problem, held = "", "", slice(0, 0)
+  try:  # Nothing may raise before the exchange: the others would wait.
+    full = {k: np.asarray(v) for k, v in full.items()}
+    text = _describe(full)
+    rows = {v.shape[0] if v.ndim else -1 for v in full.values()}
+    if len(rows) != 1 or -1 in rows:
+      problem = f"fields differ in rows or are scalars: {text}"
+    else:
+      held = _held_block(sharding, rows.pop())
+  except Exception as e:  # pylint: disable=broad-except
+    problem = f"{type(e).__name__}: {e}"
+  _check_hosts(text, problem, "global batch fields")
+  return {k: jax.make_array_from_process_local_data(sharding, v[held],
+                                                    v.shape)
+          for k, v in full.items()}
+
+
+def _held_block(sharding, global_rows: int) -> slice:
+  """The rows of a `global_rows` batch this host's devices hold."""
+  rows = sorted(_rows_of_process(sharding, (global_rows,)))
+  if rows != list(range(rows[0], rows[-1] + 1)):
+    raise ValueError(f"this host's devices hold rows {rows} of the batch, "
+                     "not one block; order the mesh's devices by host")
+  return slice(rows[0], rows[-1] + 1)
+
+
 # ------------------------------------------------------- results to numpy.
 
 
@@ -288,6 +332,68 @@ def gather(tree: Any) -> Any:
                                            np.reshape(x, (1,)), tiled=True)
          if str(i) in local else to_host(x) for i, x in enumerate(leaves)]
   return jax.tree.unflatten(treedef, out)
+
+
+def local_copy(tree: Any) -> Any:
+  """Global arrays as copies on this host's first device (a collective for
+  sharded ones): for work each host does alone, e.g. sampling its share.
+  One process: `tree` itself."""
+  if jax.process_count() == 1:
+    return tree
+  device = jax.local_devices()[0]
+  def one(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return x
+    if x.is_fully_replicated:
+      return jax.device_put(x.addressable_data(0), device)
+    return jax.device_put(to_host(x), device)
+  return jax.tree.map(one, tree)
+
+
+def gather_texts(texts: Sequence[str], what: str = "records",
+                 problem: str = "") -> list[str]:
+  """Every host's `texts` (any size), laid end to end by host.
+
+  A host with a `problem` (its work failed) makes every host raise the same
+  ValueError naming it, instead of the others waiting for its texts.
+  """
+  _check_hosts("", problem, what)
+  if jax.process_count() == 1:
+    return list(texts)
+  raw = json.dumps(list(texts)).encode()
+  sizes = multihost_utils.process_allgather(np.int64(len(raw)))
+  sizes = [int(n) for n in np.reshape(sizes, -1)]
+  buf = np.zeros(max(sizes), np.uint8)
+  buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+  rows = multihost_utils.process_allgather(buf)
+  return [t for row, n in zip(rows, sizes)
+          for t in json.loads(bytes(row[:n]).decode())]
+
+
+def run_shared(fn: Callable[[Sequence[Any]], Sequence[Any]],
+               items: Sequence[Any], *, to_text: Callable[[Any], str],
+               from_text: Callable[[str], Any], what: str = "work"
+               ) -> list:
+  """`fn(items)` with the work split over hosts: each host runs `fn` on its
+  `host_block` (uneven allowed) and every host gets all results, in the
+  order of `items`. `fn` returns one result per item; results travel as
+  text (`to_text` / `from_text`). One process: `fn(items)`.
+  """
+  if jax.process_count() == 1:
+    return list(fn(items))
+  block, error, texts = items[host_block(len(items), even=False)], None, []
+  try:
+    texts = [to_text(r) for r in (fn(block) if block else [])]
+  except Exception as e:  # pylint: disable=broad-except
+    error = e  # Reported below, so no host waits for the texts.
+  problem = "" if error is None else f"{type(error).__name__}: {error}"
+  try:
+    texts = gather_texts(texts, f"{what} on every host", problem)
+  except ValueError:
+    if error is not None:
+      raise error  # The failing host's own exception, with its traceback.
+    raise
+  return [from_text(t) for t in texts]
 
 
 # -------------------------------------------------------------- one writer.

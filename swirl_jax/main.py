@@ -12,6 +12,8 @@ from absl import logging
 from ml_collections import config_flags
 
 from swirl_jax import errors, jobs
+from swirl_jax import distributed
+from swirl_jax import jobs
 
 config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with ':args'.", lock_config=True)
@@ -21,19 +23,6 @@ flags.DEFINE_boolean("traceback", False,
 flags.DEFINE_boolean("checkpoint_info", False,
                      "Log the checkpoint library's INFO lines.")
 flags.mark_flags_as_required(["config", "workdir"])
-
-# Set by launchers when several processes form one job.
-_MULTIPROCESS_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
-
-
-def _is_multiprocess() -> bool:
-  if any(os.environ.get(k) for k in _MULTIPROCESS_ENV):
-    return True
-  if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-    return True
-  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-  return len([h for h in hosts.split(",") if h]) > 1
-
 
 def _quiet_orbax(record) -> bool:
   """Drops the checkpoint library's INFO lines, and its threads' reports of
@@ -80,8 +69,7 @@ def _fail(line: str) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _is_multiprocess():
-    jax.distributed.initialize()
+  distributed.initialize()  # Before anything touches a device.
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
     job = jobs.get(config.get("job", ""))
@@ -96,7 +84,8 @@ def main(argv):
   logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
                workdir, jax.process_count(), jax.device_count())
   try:
-    errors.check_writable(workdir)
+    errors.check_writable(workdir)  # Creates it.
+    distributed.check_shared_workdir(workdir)  # Multi-process: seen by all.
     _warn_ignored_presets(
         config, config_flags.get_override_values(flags.FLAGS["config"]))
     job(config, workdir)

@@ -4,12 +4,18 @@ JAX_PROCESS_ID set for a multi-process run (unset: one process).
 
 Scenarios: `main` exercises every helper of swirl_jax.distributed and writes
 OUT_DIR/result_<process>.json; `bad_shapes` gives host 1 a batch of another
-shape and lets the error end the process.
+shape and lets the error end the process. The jobs, in OUT_DIR/work:
+`simpletir` (two GRPO iterations, scripted turns through the real sandbox),
+`swirl` (stage 1 with the tiny model -> filter -> stage 2) and `stage1`
+(scripted, 6 batches; PAUSE_S seconds per batch gives a test time to kill a
+host mid-run).
 """
 
 import json
+import os
 import pathlib
 import sys
+import time
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -108,11 +114,93 @@ def bad_shapes_scenario() -> None:
   distributed.global_batch(local, NamedSharding(mesh, P("data")))
 
 
+def _scripted_pairs(loop_cls, pause_s=0.0):
+  """Makes `loop_cls.run_pairs` note its pairs (the scripts read them) and
+  wait `pause_s` first; returns the list of the current pairs."""
+  current, real = [], loop_cls.run_pairs
+
+  def run_pairs(self, pairs):
+    time.sleep(pause_s)
+    current[:] = pairs
+    return real(self, pairs)
+
+  loop_cls.run_pairs = run_pairs
+  return current
+
+
+def simpletir_scenario(work: pathlib.Path) -> None:
+  """Two GRPO iterations; per sample k: right, void, wrong, right after an
+  output (as in test_simpletir), so rewards vary within each group."""
+  from swirl_jax.rollout import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
+  from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
+  import test_simpletir  # pylint: disable=g-import-not-at-top
+  c = test_simpletir._simpletir_config()  # pylint: disable=protected-access
+  c.num_iterations = 2
+  c.train.export_hf = True
+  c.train.async_checkpoints = False
+  current = _scripted_pairs(loop_lib.RolloutLoop)
+
+  def script(row, turn):
+    task, k = current[row]
+    gold = task.answer
+    return [f"```python\nfinal_answer({gold})\n```\n", "```python\nprint(1",
+            "```python\nfinal_answer(-1)\n```\n",
+            [f"```python\nprint({gold})\n```\n",
+             f"It prints {gold}, so \\boxed{{{gold}}}."][min(turn, 1)]][k % 4]
+
+  train.run(c, str(work),
+            make_sampler=lambda p, m, tok: ScriptedSampler(tok, script))
+
+
+def swirl_scenario(work: pathlib.Path) -> None:
+  from swirl_jax.swirl import jobs  # pylint: disable=g-import-not-at-top
+  import test_swirl  # pylint: disable=g-import-not-at-top
+  c = test_swirl._tiny_config()  # pylint: disable=protected-access
+  c.stages = ("stage1", "filter", "rl")
+  c.rl_train.async_checkpoints = False
+  c.rl_train.loss.kl_coef = 0.05  # Reference log-probs: a global array.
+  jobs.run_pipeline(c, str(work))
+
+
+def stage1_scenario(work: pathlib.Path) -> None:
+  """Scripted stage 1 over 6 questions, one question (2 samples) a batch."""
+  from swirl_jax.models import loading  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
+  from swirl_jax.swirl import stage1  # pylint: disable=g-import-not-at-top
+  from swirl_jax.tasks import synthetic  # pylint: disable=g-import-not-at-top
+  from swirl_jax.tools import registry  # pylint: disable=g-import-not-at-top
+  tok = loading.load_tokenizer("bundled")
+  tasks = synthetic.arithmetic_tasks(6, seed=2)
+  current = _scripted_pairs(loop_lib.RolloutLoop,
+                            float(os.environ.get("PAUSE_S", "0")))
+
+  def script(row, turn):
+    task, k = current[row]
+    return f"<answer>{task.answer if k else 0}</answer>" if turn else \
+        "<calculator>1 + 2</calculator>"
+
+  loop = loop_lib.RolloutLoop(
+      ScriptedSampler(tok, script), tok, registry.build_tools(("calculator",)),
+      loop_lib.RolloutConfig(fmt="swirl", max_turns=3))
+  stage1.generate(loop, tasks, str(work / "stage1"), samples=2,
+                  tasks_per_batch=1)
+
+
+JOBS = {"simpletir": simpletir_scenario, "swirl": swirl_scenario,
+        "stage1": stage1_scenario}
+
+
 def main():
   scenario, out = sys.argv[1], pathlib.Path(sys.argv[2])
   distributed.initialize(timeout_s=60)
+  jax.config.update("jax_default_matmul_precision", "highest")  # conftest's.
   if scenario == "bad_shapes":
     bad_shapes_scenario()
+    return
+  if scenario in JOBS:
+    JOBS[scenario](out / "work")
     return
   result = main_scenario(out)
   path = out / f"result_{jax.process_index()}.json"

@@ -24,15 +24,16 @@ _SCRIPT_ENV = (
     "TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR_TYPE", "RUNTIME_VERSION",
     "REPO_URL", "REPO_REF", "REMOTE_DIR", "VENV", "CONFIG", "WORKDIR",
     "COORDINATOR", "DRY_RUN", "NODES", "GPUS_PER_NODE", "PARTITION",
-    "TIME_LIMIT")
+    "TIME_LIMIT", "COORDINATOR_PORT")
 
 _FAKE = """#!{python}
 import json, os, sys, tarfile
 name = os.path.basename(sys.argv[0])
 args = sys.argv[1:]
 record = {{"prog": name, "args": args,
-          "env": {{k: os.environ.get(k) for k in ("JAX_LOCAL_DEVICE_IDS",
-                                                  "HF_HOME")}}}}
+          "env": {{k: os.environ.get(k) for k in (
+              "JAX_LOCAL_DEVICE_IDS", "HF_HOME", "JAX_COORDINATOR_ADDRESS",
+              "JAX_NUM_PROCESSES")}}}}
 if name == "gcloud" and "scp" in args:
   tgz = next(a for a in args if a.endswith(".tgz"))
   record["files"] = sorted(tarfile.open(tgz).getnames())
@@ -42,6 +43,8 @@ if name == "gcloud" and "describe" in args:
   print("10.0.0.2")
 if name == "sbatch":
   print("Submitted batch job 42")
+if name == "scontrol":  # show hostnames NODELIST
+  print("gpu-node-7\\ngpu-node-8")
 """
 
 TPU_BASE = ("--name=swirl", "--zone=us-central2-b")
@@ -59,7 +62,7 @@ class Fakes:
     self.bin.mkdir()
     self.calls_path = root / "calls.jsonl"
     text = _FAKE.format(python=sys.executable)
-    for name in ("gcloud", "sbatch", "srun"):
+    for name in ("gcloud", "sbatch", "srun", "scontrol"):
       path = self.bin / name
       path.write_text(text)
       path.chmod(0o755)
@@ -215,13 +218,6 @@ def test_tpu_runs_what_dry_run_prints(fakes, argv):
   assert _commands(real.stderr) == printed  # Traced, too.
 
 
-def test_tpu_run_accepts_gs_workdir(fakes):
-  r = _ok(fakes.run(TPU, "run", "-n", *TPU_BASE, "--config=c.py",
-                    "--workdir=gs://bucket/runs/x"))
-  assert "--workdir=gs://bucket/runs/x" in shlex.split(
-      _remote(_commands(r.stdout)[-1]))
-
-
 def test_tpu_run_uses_worker0_ip_as_coordinator(fakes):
   _ok(fakes.run(TPU, "run", *RUN_ARGS))
   describe, ssh = fakes.calls()
@@ -259,6 +255,7 @@ def test_tpu_help(fakes):
     (("create", *TPU_BASE), "error: missing --type"),
     (("create", *TPU_BASE, "--type=v99-8"), "pass --version"),
     (("run", *TPU_BASE, "--config=configs/a.py"), "error: missing --workdir"),
+    (("run", *TPU_BASE, "--config=c.py", "--workdir=gs://b/r"), "gcsfuse"),
     (("run", *TPU_BASE, "--frobnicate=1"), "unknown option --frobnicate"),
     (("run", "--name"), "error: option --name needs a value"),
     (("run", *TPU_BASE, "stray"), "error: unexpected argument 'stray'"),
@@ -281,8 +278,10 @@ def test_no_arguments_prints_usage_and_fails(fakes):
 
 
 def test_coordinator_env_makes_main_go_multiprocess():
-  """The variables the launchers rely on are the ones main.py checks."""
-  code = "from swirl_jax import main; print(main._is_multiprocess())"
+  """The variables the launchers rely on are the ones main.py's
+  `distributed.initialize()` checks."""
+  code = ("from swirl_jax import distributed; "
+          "print(distributed.is_multiprocess())")
   drop = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "SLURM_NTASKS",
           "TPU_WORKER_HOSTNAMES")
   base = {k: v for k, v in os.environ.items() if k not in drop}
@@ -301,7 +300,13 @@ GPU_ARGS = ("--nodes=2", "--gpus-per-node=4", "--partition=gpu",
             "--env", "HF_HOME=/scratch/hf cache", "--", PROMPT)
 
 
+_PER_TASK = 'export JAX_PROCESS_ID=$SLURM_PROCID; exec "$@"'
+_SRUN = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c",
+         _PER_TASK, "swirl_jax"]
+
+
 def _srun_words(script):
+  script = script.replace("\\\n", "")  # Continued lines.
   (line,) = [l for l in script.splitlines() if l.startswith("srun ")]
   return shlex.split(line)
 
@@ -318,9 +323,10 @@ def test_gpu_submit_dry_run(fakes, tmp_path):
                f"--output={workdir}/slurm-%j.out"):
     assert f"#SBATCH {want}" in lines
   assert "export JAX_LOCAL_DEVICE_IDS=0,1,2,3" in lines
+  assert 'export JAX_COORDINATOR_ADDRESS="$first_node:8476"' in lines
+  assert "export JAX_NUM_PROCESSES=$SLURM_NNODES" in lines
   assert _srun_words(r.stdout) == [
-      "srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-      f"{venv}/bin/python", "-m", "swirl_jax.main",
+      *_SRUN, f"{venv}/bin/python", "-m", "swirl_jax.main",
       "--config=configs/swirl_gsm8k.py", f"--workdir={workdir}", PROMPT]
   assert _commands(r.stdout) == [["mkdir", "-p", str(workdir)],
                                  ["sbatch", f"{workdir}/swirl_jax.sbatch"]]
@@ -336,23 +342,42 @@ def test_gpu_relative_workdir_is_made_absolute(fakes, tmp_path):
 
 
 def test_gpu_job_script_runs_srun_with_the_arguments(fakes, tmp_path):
+  """The job as sbatch would run it: the coordinator is the first node of
+  the job's list, the process count its node count, and each task's id its
+  SLURM_PROCID."""
   workdir = tmp_path / "w"
   r = _ok(fakes.run(GPU, "script", *GPU_ARGS[:-2], f"--workdir={workdir}",
-                    "--venv=/opt/venv", *GPU_ARGS[-2:]))
+                    "--venv=/opt/venv", "--port=9123", *GPU_ARGS[-2:]))
   job = tmp_path / "job.sh"
   job.write_text(r.stdout)
+  env = {**os.environ, "PATH": f"{fakes.bin}{os.pathsep}{os.environ['PATH']}",
+         "FAKE_CALLS": str(fakes.calls_path)}
   _ok(subprocess.run(
       ["bash", str(job)], capture_output=True, text=True, timeout=60,
-      env={**os.environ, "PATH": f"{fakes.bin}{os.pathsep}{os.environ['PATH']}",
-           "FAKE_CALLS": str(fakes.calls_path)}))
-  (srun,) = fakes.calls()
+      env={**env, "SLURM_JOB_NODELIST": "gpu-node-[7-8]", "SLURM_NNODES": "2"}))
+  scontrol, srun = fakes.calls()
+  assert scontrol["args"] == ["show", "hostnames", "gpu-node-[7-8]"]
   assert srun["prog"] == "srun"
   assert srun["args"] == [
-      "--ntasks-per-node=1", "--kill-on-bad-exit=1", "/opt/venv/bin/python",
+      *_SRUN[1:], "/opt/venv/bin/python",
       "-m", "swirl_jax.main", "--config=configs/swirl_gsm8k.py",
       f"--workdir={workdir}", PROMPT]
   assert srun["env"] == {"JAX_LOCAL_DEVICE_IDS": "0,1,2,3",
-                         "HF_HOME": "/scratch/hf cache"}
+                         "HF_HOME": "/scratch/hf cache",
+                         "JAX_COORDINATOR_ADDRESS": "gpu-node-7:9123",
+                         "JAX_NUM_PROCESSES": "2"}
+  # What srun runs in task 1: main with JAX_PROCESS_ID=1.
+  per_task = srun["args"][2:6] + ["sh", "-c", "echo $JAX_PROCESS_ID"]
+  task = subprocess.run(per_task, env={**env, "SLURM_PROCID": "1"},
+                        capture_output=True, text=True, check=True)
+  assert task.stdout == "1\n"
+  # Outside a SLURM job the script stops before srun.
+  outside = subprocess.run(["bash", str(job)], capture_output=True,
+                           text=True, timeout=60,
+                           env={k: v for k, v in env.items()
+                                if not k.startswith("SLURM_")})
+  assert outside.returncode != 0 and "submit this script with sbatch" in \
+      outside.stderr
 
 
 def _fake_venv(root):
@@ -395,6 +420,8 @@ def test_gpu_install_dry_run(fakes, tmp_path):
     (("script", "--config=configs/nope.py", "--workdir=/w"), "no config"),
     (("submit", "--config=configs/swirl_gsm8k.py", "--workdir=/w",
       "--nodes=two"), "--nodes wants a positive integer"),
+    (("script", "--config=configs/swirl_gsm8k.py", "--workdir=/w",
+      "--port=0"), "--port wants a positive integer"),
     (("submit", "--gpus=8"), "error: unknown option --gpus"),
     (("install", "--", "x"), "for script and submit only"),
     (("submit", "--config=configs/swirl_gsm8k.py", "--workdir=/w",

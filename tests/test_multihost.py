@@ -2,12 +2,14 @@
 
 Each process of a pair has 4 CPU devices (8 global) and talks to the other
 over gloo through a coordinator on a free localhost port; the reference is
-one process with 8 devices running the same script (multihost_worker.py).
+one process with 8 devices running the same script (multihost_worker.py):
+the helpers, then the jobs themselves (SimpleTIR, SWiRL, a killed stage 1).
 """
 
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +21,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from swirl_jax import distributed
+from swirl_jax import jsonl
 from swirl_jax import sharding
+from swirl_jax.swirl import stage1
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WORKER = pathlib.Path(__file__).resolve().parent / "multihost_worker.py"
@@ -43,16 +47,20 @@ def _env(devices, **extra):
   return env
 
 
+def _start_pair(scenario, out, **extra):
+  address = f"127.0.0.1:{_free_port()}"
+  return [subprocess.Popen(
+      [sys.executable, str(WORKER), scenario, str(out)], cwd=REPO,
+      env=_env(4, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=2,
+               JAX_PROCESS_ID=i, **extra),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+          for i in range(2)]
+
+
 def _run_pair(scenario, out, timeout=60):
   """Both processes of a 2-host job; (returncodes, outputs, seconds)."""
-  address = f"127.0.0.1:{_free_port()}"
   start = time.monotonic()
-  procs = [subprocess.Popen(
-      [sys.executable, str(WORKER), scenario, str(out)],
-      env=_env(4, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=2,
-               JAX_PROCESS_ID=i),
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
+  procs = _start_pair(scenario, out)
   try:
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
   finally:
@@ -63,11 +71,13 @@ def _run_pair(scenario, out, timeout=60):
   return [p.returncode for p in procs], outputs, time.monotonic() - start
 
 
-def _run_single(scenario, out):
+def _run_single(scenario, out, timeout=60):
   r = subprocess.run([sys.executable, str(WORKER), scenario, str(out)],
-                     env=_env(8), capture_output=True, text=True, timeout=60)
-  assert r.returncode == 0, r.stdout + r.stderr
-  return json.loads((out / "result_0.json").read_text())
+                     cwd=REPO, env=_env(8), capture_output=True, text=True,
+                     timeout=timeout)
+  assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+  path = out / "result_0.json"
+  return json.loads(path.read_text()) if path.exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +161,144 @@ def test_different_batch_shapes_fail_on_both_hosts_fast(tmp_path):
     assert code == 1, output[-3000:]
     assert want in output
   assert seconds < 30  # No hang: a stuck collective would hit the timeout.
+
+
+# The jobs: two hosts against one, in shared workdirs.
+
+
+def _files(work: pathlib.Path) -> set[str]:
+  """Output files; checkpoint and TensorBoard internals differ by design
+  (orbax writes per-process parts), stage 1 shards by host."""
+  return {str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()
+          and p.parts[len(work.parts)] not in ("checkpoints", "tensorboard")
+          and p.parent.name != "stage1" and ".hosts_check" not in p.parts}
+
+
+def _readable(work: pathlib.Path) -> None:
+  for p in work.rglob("*.jsonl"):
+    if "checkpoints" not in p.parts:
+      jsonl.read(p)  # Strict: a torn or doubled write would fail here.
+  for p in work.rglob("*.json"):
+    if "checkpoints" not in p.parts:
+      jsonl.read_json(p)
+
+
+def _params(work: pathlib.Path) -> dict:
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  return load_file(work / "hf" / "model.safetensors")
+
+
+def _compare_params(one: dict, two: dict) -> None:
+  assert set(one) == set(two)
+  for k in one:
+    np.testing.assert_allclose(two[k], one[k], atol=1e-5, err_msg=k)
+
+
+def _losses(path: pathlib.Path) -> list[tuple[int, float]]:
+  return [(r["step"], r["loss"]) for r in jsonl.read(path)]
+
+
+def _jobs(scenario, tmp_path, timeout):
+  """(one-process workdir, two-process workdir) after the same job."""
+  one, two = tmp_path / "one", tmp_path / "two"
+  codes, outputs, _ = _run_pair(scenario, two, timeout=timeout)
+  assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+  _run_single(scenario, one, timeout=timeout)
+  one, two = one / "work", two / "work"
+  assert _files(one) == _files(two)
+  _readable(two)
+  return one, two
+
+
+def test_simpletir_on_two_hosts_matches_one(tmp_path):
+  """Two GRPO iterations with the sandbox: each host rolls out its half of
+  each iteration's (task, sample) pairs; the same trajectories, losses and
+  updated params as one process with the same 8 devices."""
+  one, two = _jobs("simpletir", tmp_path, timeout=300)
+  for it in (0, 1):
+    name = f"rollouts/iter_{it:06d}.jsonl"
+    rows = jsonl.read(two / name)
+    assert rows == jsonl.read(one / name)  # Same order, each pair once.
+    pairs = [(r["task_id"], r["sample_index"]) for r in rows]
+    assert len(pairs) == len(set(pairs)) == 8
+  # Rewards vary in each group (the scripted turns ran in the sandbox).
+  assert {r["reward"] for r in rows} == {0.0, 1.0}
+  l1, l2 = _losses(one / "metrics.jsonl"), _losses(two / "metrics.jsonl")
+  assert [s for s, _ in l2] == [s for s, _ in l1] == [1, 2, 3, 4]
+  np.testing.assert_allclose([l for _, l in l2], [l for _, l in l1],
+                             atol=1e-5)
+  _compare_params(_params(one), _params(two))
+  assert jsonl.read_json(two / "done.json") == {"iterations": 2}
+
+
+@pytest.mark.slow
+def test_swirl_stages_on_two_hosts_match_one(tmp_path):
+  """SWiRL stage 1 (tiny model) -> filter -> stage 2 (with the KL term's
+  reference log-probs): each host generates half of stage 1's pairs into
+  its own shard; the filter's files and stage 2's losses and params equal
+  one process's."""
+  one, two = _jobs("swirl", tmp_path, timeout=400)
+  t1 = stage1.read_trajectories(str(one / "stage1"))
+  t2 = stage1.read_trajectories(str(two / "stage1"))
+  assert sorted(t.id for t in t2) == sorted(t.id for t in t1)
+  assert len(t2) == len({t.id for t in t2}) == 6
+  assert {t.id: t for t in t2} == {t.id: t for t in t1}
+  shards = sorted(p.name for p in (two / "stage1").iterdir())
+  assert shards == ["shard_00000-host000.jsonl", "shard_00000-host001.jsonl"]
+  assert [len(jsonl.read(two / "stage1" / s)) for s in shards] == [3, 3]
+  for name in ("units.jsonl", "units_none.jsonl", "report.json"):
+    assert (two / "filter" / name).read_bytes() == \
+        (one / "filter" / name).read_bytes()
+  l1, l2 = _losses(one / "rl" / "metrics.jsonl"), _losses(
+      two / "rl" / "metrics.jsonl")
+  assert len(l2) == len(l1) == 2
+  np.testing.assert_allclose([l for _, l in l2], [l for _, l in l1],
+                             atol=1e-5)
+  _compare_params(_params(one / "rl"), _params(two / "rl"))
+
+
+def _shard_lines(directory: pathlib.Path) -> list[dict]:
+  return [r for p in sorted(directory.glob("shard_*.jsonl"))
+          for r in jsonl.read(p, torn_tail=True)]
+
+
+def test_stage1_host_killed_then_rerun_has_each_pair_once(tmp_path):
+  """SIGKILL of host 1 mid-run (after it wrote two batches), then both
+  rerun: every (question, sample) once, equal to one uninterrupted process,
+  and what the survivor wrote is kept."""
+  two = tmp_path / "two"
+  procs = _start_pair("stage1", two, PAUSE_S=1)
+  mine = two / "work" / "stage1" / "shard_00000-host001.jsonl"
+  deadline = time.monotonic() + 120
+  try:
+    while time.monotonic() < deadline and procs[1].poll() is None:
+      if mine.exists() and mine.read_bytes().count(b"\n") >= 2:
+        break
+      time.sleep(0.05)
+    assert procs[1].poll() is None, procs[1].communicate()[0][-3000:]
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait()
+    try:  # The survivor's next gather has no peer: it fails, or is stopped.
+      procs[0].wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      procs[0].kill()
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+      p.communicate()
+  before = _shard_lines(two / "work" / "stage1")
+  assert 4 <= len(before) < 12, len(before)  # Killed mid-run.
+  codes, outputs, _ = _run_pair("stage1", two, timeout=120)
+  assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+  after = _shard_lines(two / "work" / "stage1")
+  assert all(r in after for r in before)  # Nothing lost.
+  ids = [(r["task_id"], r["sample_index"]) for r in after]
+  assert len(ids) == len(set(ids)) == 12
+  _run_single("stage1", tmp_path / "one", timeout=120)
+  one = _shard_lines(tmp_path / "one" / "work" / "stage1")
+  key = lambda r: (r["task_id"], r["sample_index"])
+  assert sorted(after, key=key) == sorted(one, key=key)
 
 
 # One process: the same functions without collectives.

@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from swirl_jax import errors
+from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig, from_hf_config, to_hf_config
@@ -213,11 +214,8 @@ def to_hf_tensors(params, cfg: ModelConfig, dtype: str | None = None
 
 
 def _fetcher():
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    return lambda x: np.asarray(multihost_utils.process_allgather(x,
-                                                                  tiled=True))
-  return lambda x: np.asarray(jax.device_get(x))
+  # Several hosts: only arrays sharded across hosts need a collective.
+  return lambda x: np.asarray(distributed.to_host(x))
 
 
 def export_hf_dir(params, cfg: ModelConfig, path: str | os.PathLike, *,

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from swirl_jax import config_lib
+from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
@@ -427,7 +428,8 @@ class Sampler:
   def _result(self, state: SamplerState, out: decoding.DecodeOut,
               active: np.ndarray, stop_strings) -> GenerateResult:
     n = state.num_rows
-    tokens_BN, lps_BN, num_B, reason_B, index = jax.device_get(
+    # Rows sharded over a multi-host mesh: every host gets them all.
+    tokens_BN, lps_BN, num_B, reason_B, index = distributed.to_host(
         (out.tokens_BN, out.logprobs_BN, out.num_B, out.reason_B,
          out.cache["index"]))
     num_B = num_B[:n]

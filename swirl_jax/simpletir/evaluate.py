@@ -8,10 +8,12 @@ import pathlib
 
 from absl import logging
 
+from swirl_jax import distributed
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout.records import Trajectory
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks import datasets
@@ -36,14 +38,23 @@ def run(config, workdir: str) -> dict:
     tasks = datasets.load_tasks(name, split or None,
                                 c.data.get("data_dir") or None,
                                 e.get("limit") or None)
-    ts = loop.run(tasks, samples_per_task=e.k)
-    checkers.score_trajectories(ts, tasks)
+    ts = distributed.run_shared(  # Each host its share; all get all.
+        lambda pairs: _scored(loop.run_pairs(pairs), pairs),
+        [(t, k) for t in tasks for k in range(e.k)],
+        to_text=Trajectory.to_json, from_text=Trajectory.from_json)
     results[spec] = {**agent_eval.pass_at_k(ts, e.k),
                      **loop_lib.response_stats(ts), "n": float(len(tasks))}
     trajs[spec.replace(":", "_")] = ts
     logging.info("%s: %s", spec, results[spec])
-  agent_eval.write(str(out), results, trajs)
+  with distributed.one_writer(f"{out}") as writing:
+    if writing:
+      agent_eval.write(str(out), results, trajs)
+      (out / "summary.json").write_text(json.dumps(results, indent=2))
   cols = (f"avg@{e.k}", f"pass@{e.k}", "turns", "void_rate")
   print(agent_eval.table(results, cols))
-  (out / "summary.json").write_text(json.dumps(results, indent=2))
   return results
+
+
+def _scored(trajs, pairs):
+  checkers.score_trajectories(trajs, [t for t, _ in pairs])
+  return trajs

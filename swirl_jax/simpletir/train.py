@@ -17,14 +17,15 @@ void rows alone and of the rows in the loss alone (one backward each).
 import json
 import pathlib
 
+import jax
 import numpy as np
 from absl import logging
 
-from swirl_jax import warmstart
+from swirl_jax import distributed, warmstart
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
-from swirl_jax.rollout.records import write_jsonl
+from swirl_jax.rollout.records import Trajectory, write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import grpo
 from swirl_jax.simpletir import oversample
@@ -95,7 +96,8 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   trainer = trainer_lib.Trainer(c.train, workdir, cfg, params=params)
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))
-  sampler = make_sampler(trainer.policy_params(), cfg, tok)
+  sampler = make_sampler(distributed.local_copy(trainer.policy_params()),
+                         cfg, tok)
   rollout = engine_lib.RolloutEngine(sampler, tok, tools, rollout_cfg,
                                      engine_cfg)
   drawn = max(c.prompts_per_step, min(len(tasks), oversample.prompts_drawn(
@@ -111,12 +113,23 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
     for it, batch_tasks in prompt_batches(tasks, drawn, c.seed, start):
       if it >= c.num_iterations:
         break
-      sampler.params = trainer.policy_params()
+      sampler.params = distributed.local_copy(trainer.policy_params())
       rollout.config = loop_lib.RolloutConfig.from_config(
           dict(c.rollout, seed=c.seed * 100003 + it))
-      trajs = oversample.rollout(rollout, batch_tasks, groups, c.prompts_per_step)
-      checkers.score_trajectories(trajs, batch_tasks)
-      write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
+      if jax.process_count() == 1:  # Groups scored as they complete.
+        trajs = oversample.rollout(rollout, batch_tasks, groups,
+                                   c.prompts_per_step)
+        checkers.score_trajectories(trajs, batch_tasks)
+      else:  # Each host its share of the pairs; all get all. (Every drawn
+        # group runs: stopping at completed groups would need the hosts to
+        # agree on each group as it ends.)
+        trajs = distributed.run_shared(
+            lambda pairs: _scored(rollout.run_pairs(pairs), pairs),
+            [(t, k) for t in batch_tasks for k in range(groups.group_size)],
+            to_text=Trajectory.to_json, from_text=Trajectory.from_json)
+      with distributed.one_writer(f"iteration {it} rollouts") as writing:
+        if writing:
+          write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
       rows, adv, stats = grpo.select_rows(trajs, groups)
       batch = None if not len(rows) else grpo.make_batch(trajs, rows, adv,
                               mini_batch_size=c.train.mini_batch_size or 1,
@@ -139,5 +152,13 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
     trainer.close(save=ok)
   if c.train.export_hf:
     trainer.export_hf(tokenizer=tok)
-  (work / "done.json").write_text(json.dumps({"iterations": c.num_iterations}))
-  logging.info("reward curve (report.md):\n%s", report.write(work))
+  with distributed.one_writer(f"{work} report") as writing:
+    if writing:
+      (work / "done.json").write_text(
+          json.dumps({"iterations": c.num_iterations}))
+      logging.info("reward curve (report.md):\n%s", report.write(work))
+
+
+def _scored(trajs, pairs):
+  checkers.score_trajectories(trajs, [t for t, _ in pairs])
+  return trajs

@@ -22,12 +22,14 @@ import tqdm
 from absl import logging
 
 from swirl_jax import config_lib, judges, warmstart
+from swirl_jax import distributed, judges, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
-from swirl_jax.rollout.records import StepUnit, read_jsonl, write_jsonl
+from swirl_jax.rollout.records import (StepUnit, Trajectory, read_jsonl,
+                                       write_jsonl)
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.swirl import filters, report, stage1, stage2
 from swirl_jax.tasks import checkers
@@ -171,7 +173,9 @@ def _judged(c, workdir, units, out: pathlib.Path) -> list[StepUnit]:
                                process_prob=stored[_step_key(u)].process_prob)
            for u in units]
   if todo:
-    _write_labels(out, units, ident)
+    with distributed.one_writer(f"{out} labels") as writing:
+      if writing:
+        _write_labels(out, units, ident)
   return units
 
 
@@ -195,18 +199,26 @@ def run_filter(c, workdir):
     units = [u if u.process_good is not None else
              dataclasses.replace(u, process_good=False) for u in units]
   reports = {}
+  kept = {}
   for strategy in filters.STRATEGIES:
-    kept, rep = filters.filter_units(units, strategy, c.filter.granularity)
-    reports[strategy] = rep
-    path = out / f"units_{strategy}.jsonl"
-    path.unlink(missing_ok=True)
-    write_jsonl(str(path), kept)
-    path.touch()  # Even when empty: stage 2 then says "kept no step".
+    kept[strategy], reports[strategy] = filters.filter_units(
+        units, strategy, c.filter.granularity)
   reports["easy_tasks_dropped"] = len(easy)
   reports["steps_without_judge_reply"] = unjudged
-  (out / "report.json").write_text(json.dumps(reports, indent=2))
+  with distributed.one_writer(f"{out} units") as writing:
+    if writing:
+      _write_filtered(out, kept, reports)
   logging.info("filter report: %s", json.dumps(reports))
   return reports
+
+
+def _write_filtered(out: pathlib.Path, kept: dict, reports: dict) -> None:
+  for strategy, units in kept.items():
+    path = out / f"units_{strategy}.jsonl"
+    path.unlink(missing_ok=True)
+    write_jsonl(str(path), units)
+    path.touch()  # Even when empty: stage 2 then says "kept no step".
+  (out / "report.json").write_text(json.dumps(reports, indent=2))
 
 
 def _units(c, workdir) -> list[StepUnit]:
@@ -234,8 +246,8 @@ def _rl(c, workdir):
   reward = _judge(c.reward, _tasks(c, "train"), policy, name="reward")
   tc = c.rl_train
   trainer = trainer_lib.Trainer(tc, str(work), cfg, params=params)
-  sampler = Sampler(trainer.policy_params(), cfg, tok,
-                    SamplerConfig.from_config(c.sampler))
+  sampler = Sampler(distributed.local_copy(trainer.policy_params()), cfg,
+                    tok, SamplerConfig.from_config(c.sampler))
   ref_fn = ref_params = None
   if tc.loss.kl_coef > 0:  # The frozen initial policy, for the KL term.
     ref_params = loading.load_policy(_base(c, workdir), seed=c.seed)[1]
@@ -248,7 +260,7 @@ def _rl(c, workdir):
                                                c.seed, trainer.data_pos):
       if it >= c.rl_iterations:
         break
-      sampler.params = trainer.policy_params()
+      sampler.params = distributed.local_copy(trainer.policy_params())
       actions = stage2.sample_actions(sampler, batch_units, s,
                                       seed=c.seed * 7919 + it)
       rewards = stage2.score_actions(reward, batch_units, actions,
@@ -256,7 +268,8 @@ def _rl(c, workdir):
       batch = stage2.rl_batch(batch_units, actions, rewards, s,
                               mini_batch_size=tc.mini_batch_size or 1)
       if ref_fn is not None:
-        batch["ref_logprobs"] = ref_fn(ref_params, batch)
+        batch["ref_logprobs"] = distributed.to_host(ref_fn(ref_params,
+                                                           batch))
       trainer.update(batch, extra=dict(
           stage2.reward_stats(rewards), iteration=float(it),
           **probe.mismatch(trainer.policy_params(), batch)))
@@ -321,19 +334,24 @@ def run_eval(c, workdir):
         max_new_tokens=c.stage1.max_new_tokens,
         max_response_tokens=c.stage1.max_response_tokens,
         temperature=c.eval.temperature, seed=c.seed))
-    trajs[name] = loop.run(tasks)
+    trajs[name] = distributed.run_shared(
+        loop.run_pairs, [(t, 0) for t in tasks], to_text=Trajectory.to_json,
+        from_text=Trajectory.from_json, what=f"eval {name}")
     checkers.score_trajectories(trajs[name], tasks)
     results[name] = agent_eval.summarize(trajs[name], tasks, judge)
     logging.info("eval %s: %s", name, results[name])
   # Runs sharing a workdir (the filter ablations) add their policies.
   merged = {**agent_eval.read(str(work / "eval")), **results}
-  agent_eval.write(str(work / "eval"), merged, trajs)
+  with distributed.one_writer(f"{work / 'eval'}") as writing:
+    if writing:
+      agent_eval.write(str(work / "eval"), merged, trajs)
   print(agent_eval.table(merged))
   return results
 
 
 def run_report(c, workdir):
-  text = report.write(workdir, c.rl_name)
+  with distributed.one_writer(f"{workdir} report") as writing:
+    text = report.write(workdir, c.rl_name) if writing else ""
   print(text)
   return text
 

@@ -4,21 +4,31 @@ K samples per question at a set temperature, the rollout loop with step
 caps, trajectories appended to JSONL shards one batch at a time. A rerun
 skips the (question, sample) pairs already on disk, so a killed run loses at
 most its in-flight batch and never writes a pair twice.
+
+Several hosts split each batch (`distributed.run_shared`); each appends its
+own trajectories to its own shards (`shard_N-hostH.jsonl`: one writer per
+file), and every host reads all shards. A row's sampling seed comes from the
+run seed and its (question, sample) only, so a rerun with another host count
+generates the same trajectories.
 """
 
 import collections
 import glob
+import hashlib
 import os
 from typing import Sequence
 
+import jax
 from absl import logging
 
+from swirl_jax import distributed
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout.records import Trajectory, iter_jsonl, write_jsonl
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks.records import Task
 
 SHARD = "shard_{:05d}.jsonl"
+HOST_SHARD = "shard_{:05d}-host{:03d}.jsonl"  # Several processes.
 
 
 def read_trajectories(directory: str) -> list[Trajectory]:
@@ -32,12 +42,29 @@ def read_trajectories(directory: str) -> list[Trajectory]:
   return out
 
 
-def generate(loop: engine_lib.RolloutEngine, tasks: Sequence[Task], out_dir: str,
+def _shard_path(out_dir: str, shard: int) -> str:
+  if jax.process_count() == 1:
+    return os.path.join(out_dir, SHARD.format(shard))
+  return os.path.join(out_dir, HOST_SHARD.format(shard, jax.process_index()))
+
+
+def _on_disk(out_dir: str) -> list[Trajectory]:
+  """The shards' trajectories, the same on every host (checked): no host
+  starts writing before all have read them."""
+  done = read_trajectories(out_dir)
+  ids = "\n".join(sorted(t.id for t in done))
+  distributed.check_same(hashlib.blake2b(ids.encode()).hexdigest(),
+                         f"stage 1 trajectories in {out_dir} ({len(done)})")
+  return done
+
+
+def generate(loop: engine_lib.RolloutEngine, tasks: Sequence[Task],
+             out_dir: str,
              *, samples: int, tasks_per_batch: int, shard_size: int = 1000,
              progress=None) -> list[Trajectory]:
   """Writes `samples` trajectories per task under `out_dir`; all of them."""
   os.makedirs(out_dir, exist_ok=True)
-  done = read_trajectories(out_dir)
+  done = _on_disk(out_dir)
   have = collections.defaultdict(set)
   for t in done:
     have[t.task_id].add(t.sample_index)
@@ -47,11 +74,18 @@ def generate(loop: engine_lib.RolloutEngine, tasks: Sequence[Task], out_dir: str
                len(todo))
   shard = len(done) // shard_size
   per_batch = max(1, tasks_per_batch * samples)
+
+  def run(pairs):  # This host's share of a batch, written to its shard.
+    trajs = loop.run_pairs(pairs)
+    checkers.score_trajectories(trajs, [t for t, _ in pairs])
+    write_jsonl(_shard_path(out_dir, shard), trajs)
+    return trajs
+
   for i in range(0, len(todo), per_batch):
-    batch = todo[i:i + per_batch]
-    trajs = loop.run_pairs(batch)
-    checkers.score_trajectories(trajs, [t for t, _ in batch])
-    write_jsonl(os.path.join(out_dir, SHARD.format(shard)), trajs)
+    trajs = distributed.run_shared(run, todo[i:i + per_batch],
+                                   to_text=Trajectory.to_json,
+                                   from_text=Trajectory.from_json,
+                                   what="stage 1 rollouts")
     done += trajs
     shard = len(done) // shard_size
     if progress is not None:

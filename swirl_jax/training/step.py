@@ -44,6 +44,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from swirl_jax import config_lib
+from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
@@ -323,16 +324,24 @@ def per_batch_size(jit_for, mesh: Mesh, rules=shd.DEFAULT_RULES):
   return get
 
 
+def _batch_dtype(key: str):
+  return (jnp.int32 if key in INT_KEYS else bool if key in BOOL_KEYS
+          else jnp.float32)
+
+
 def place_batch(batch, sharding: NamedSharding):
   """Casts (ints int32, attention mask bool, rest float32) and places."""
   def prep(k, x):
-    dt = (jnp.int32 if k in INT_KEYS else bool if k in BOOL_KEYS
-          else jnp.float32)
+    dt = _batch_dtype(k)
     if isinstance(x, jax.Array) and x.dtype == dt and x.sharding == sharding:
       return x
     if isinstance(x, jax.Array) and x.is_fully_addressable:
       return jax.device_put(x.astype(dt), sharding)
     return shd.place(np.asarray(x).astype(dt), sharding)
+  if jax.process_count() > 1:  # Checked across hosts: no silent mismatch.
+    return distributed.place_rows(
+        {k: np.asarray(v).astype(_batch_dtype(k)) for k, v in batch.items()
+         if v is not None}, sharding)
   return {k: prep(k, v) for k, v in batch.items() if v is not None}
 
 

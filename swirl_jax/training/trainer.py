@@ -20,6 +20,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
+from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.training import checkpoint as ckpt_lib
@@ -141,9 +142,15 @@ class Trainer:
     return self.state.model_params(self.lora_cfg)
 
   def export_hf(self, path: str | None = None, tokenizer=None) -> str:
-    return ckpt_lib.export_hf(self.state, self.model_cfg,
-                              str(path or self.workdir / "hf"),
-                              lora_cfg=self.lora_cfg, tokenizer=tokenizer)
+    path, state = str(path or self.workdir / "hf"), self.state
+    if jax.process_count() > 1:  # Params whole on every host; 0 writes.
+      state = state.replace(params=distributed.to_host(state.params),
+                            frozen=distributed.to_host(state.frozen))
+    with distributed.one_writer(f"export {path}") as writing:
+      if writing:
+        ckpt_lib.export_hf(state, self.model_cfg, path,
+                           lora_cfg=self.lora_cfg, tokenizer=tokenizer)
+    return path
 
   def close(self, save: bool = True) -> None:
     if save:
