@@ -249,6 +249,25 @@ def _layout_problem(sharding, local_rows: int) -> str:
           f"{pid * local_rows}...{(pid + 1) * local_rows - 1}")
 
 
+def _checked_batch(batch: Mapping[str, np.ndarray], layout):
+  """`(arrays, what layout(rows) gives)` once every host's fields agree in
+  names, shapes and dtypes; `layout(rows) -> (problem, value)` adds this
+  host's own check. Any difference raises the same error on every host."""
+  text, problem, value = "", "", None
+  try:  # Nothing may raise before the exchange: the others would wait.
+    batch = {k: np.asarray(v) for k, v in batch.items()}
+    text = _describe(batch)
+    rows = {v.shape[0] if v.ndim else -1 for v in batch.values()}
+    if len(rows) != 1 or -1 in rows:
+      problem = f"fields differ in rows or are scalars: {text}"
+    else:
+      problem, value = layout(rows.pop())
+  except Exception as e:  # pylint: disable=broad-except
+    problem = f"{type(e).__name__}: {e}"
+  _check_hosts(text, problem, "global batch fields")
+  return batch, value
+
+
 def global_batch(local: Mapping[str, np.ndarray],
                  sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
   """Global arrays, batch-sharded on dim 0, from this host's rows.
@@ -258,18 +277,8 @@ def global_batch(local: Mapping[str, np.ndarray],
   hosts compare field names, shapes and dtypes (one small all-gather): on a
   difference every host raises the same ValueError, naming the host.
   """
-  text, problem = "", ""
-  try:  # Nothing may raise before the exchange: the others would wait.
-    local = {k: np.asarray(v) for k, v in local.items()}
-    text = _describe(local)
-    rows = {v.shape[0] if v.ndim else -1 for v in local.values()}
-    if len(rows) != 1 or -1 in rows:
-      problem = f"fields differ in rows or are scalars: {text}"
-    else:
-      problem = _layout_problem(sharding, rows.pop())
-  except Exception as e:  # pylint: disable=broad-except
-    problem = f"{type(e).__name__}: {e}"
-  _check_hosts(text, problem, "global batch fields")
+  local, _ = _checked_batch(
+      local, lambda rows: (_layout_problem(sharding, rows), None))
   return {k: jax.make_array_from_process_local_data(sharding, v)
           for k, v in local.items()}
 
@@ -279,18 +288,8 @@ def place_rows(full: Mapping[str, np.ndarray],
   """Global arrays from a batch every host holds whole (built the same way
   on each, e.g. from gathered rollouts); each host hands over only the rows
   its devices hold. Checked across hosts first, as in `global_batch`."""
-  text, problem, held = "", "", slice(0, 0)
-  try:  # Nothing may raise before the exchange: the others would wait.
-    full = {k: np.asarray(v) for k, v in full.items()}
-    text = _describe(full)
-    rows = {v.shape[0] if v.ndim else -1 for v in full.values()}
-    if len(rows) != 1 or -1 in rows:
-      problem = f"fields differ in rows or are scalars: {text}"
-    else:
-      held = _held_block(sharding, rows.pop())
-  except Exception as e:  # pylint: disable=broad-except
-    problem = f"{type(e).__name__}: {e}"
-  _check_hosts(text, problem, "global batch fields")
+  full, held = _checked_batch(
+      full, lambda rows: ("", _held_block(sharding, rows)))
   return {k: jax.make_array_from_process_local_data(sharding, v[held],
                                                     v.shape)
           for k, v in full.items()}

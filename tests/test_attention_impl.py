@@ -4,11 +4,7 @@ interpreter) against the block attention, values and gradients, with left
 padding, grouped-query heads, a sliding window and Gemma 2's soft-cap; and
 splash under shard_map on a fake 8-device mesh."""
 
-import json
 import logging
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -16,10 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fresh_process
+
 from swirl_jax.models import attention, decoder, presets
 from swirl_jax.models.config import FULL, SLIDING, ModelConfig
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = 128  # Splash works in blocks of 128 tokens.
 
 
@@ -161,12 +158,7 @@ _MESH_SCRIPT = textwrap.dedent("""
 
 
 def test_splash_on_a_mesh_matches_one_device():
-  env = dict(os.environ, PYTHONPATH=REPO)
-  env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = fresh_process.last_json(_MESH_SCRIPT)
   one, mesh = out["one"], out["mesh"]
   assert mesh["shard_map"]
   np.testing.assert_allclose(mesh["value"], one["value"], rtol=1e-5)

@@ -235,9 +235,12 @@ def test_simpletir_on_two_hosts_matches_one(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "after the engine merge, host 1 fails writing the filter units and "
-    "orbax's create_directory barrier then mismatches (issue 17 open)"))
+# Intermittent: passed alone and on its branch, failed once in the full
+# suite (host 1 raised inside the filter's one_writer block, then orbax's
+# create_directory barrier mismatched). Not strict until that is found.
+@pytest.mark.xfail(strict=False, reason=(
+    "intermittent: host 1 can fail inside the filter's one_writer block "
+    "(issue 17 open)"))
 def test_swirl_stages_on_two_hosts_match_one(tmp_path):
   """SWiRL stage 1 (tiny model) -> filter -> stage 2 (with the KL term's
   reference log-probs): each host generates half of stage 1's pairs into

@@ -1,16 +1,14 @@
 """The jitted train step: sharding parity, golden values, skips, accumulation,
 LoRA and every loss kind, on the tiny model."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
+
+import fresh_process
 
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
@@ -21,7 +19,6 @@ from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
 from swirl_jax.training import trainer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, T = 4, 16
 
 # Step 1 loss / grad norm and step 2 loss of `test_golden_one_step`.
@@ -289,12 +286,7 @@ _MESH_SCRIPT = textwrap.dedent("""
 def test_sharded_step_matches_single_device():
   """Data, FSDP and tensor meshes, with and without LoRA, with each
   attention implementation that runs on a CPU (MESH_CASES)."""
-  env = dict(os.environ, PYTHONPATH=REPO)
-  env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = fresh_process.last_json(_MESH_SCRIPT)
   for case, mesh in zip(MESH_CASES, out["mesh"], strict=True):
     rank = case[0]
     one = out["one"][str(rank)]
