@@ -51,6 +51,8 @@ from swirl_jax.training import optimizer
 from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
 
+import common  # pylint: disable=g-bad-import-order
+
 GIB = 1 << 30
 # CPU stand-ins: the presets' widths, 2 layers, a small vocabulary.
 SMALL = dict(num_layers=2, vocab_size=4096)
@@ -92,18 +94,7 @@ def matmul_params(cfg: ModelConfig) -> int:
 
 
 def train_flops(cfg: ModelConfig, b: int, t: int, causal: bool = True):
-  attn = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * t * t * b
-  return 6 * matmul_params(cfg) * b * t + (attn / 2 if causal else attn)
-
-
-def fake_batch(b: int, t: int, vocab: int) -> dict:
-  rng = np.random.default_rng(0)
-  mask = np.zeros((b, t), np.float32)
-  mask[:, t // 4:] = 1  # A prompt, then the policy's tokens.
-  return dict(tokens=rng.integers(0, vocab, (b, t)), loss_mask=mask,
-              advantages=rng.normal(size=(b,)).astype(np.float32),
-              behaviour_logprobs=rng.normal(-2.0, 0.5, (b, t)).astype(
-                  np.float32))
+  return common.train_flops(cfg, matmul_params(cfg), b, t, causal)
 
 
 def bench_train(cfg: ModelConfig, args) -> dict:
@@ -116,23 +107,13 @@ def bench_train(cfg: ModelConfig, args) -> dict:
   tx, schedule = optimizer.make_optimizer(config.optim, 100)
   state, shardings = state_lib.create(cfg, tx, mesh)
   step = step_lib.TrainStep(cfg, config, tx, schedule, mesh, shardings)
-  batch = step.place(fake_batch(args.batch, args.length, cfg.vocab_size))
-  t = time.perf_counter()
-  compiled = step.lower(state, batch).compile()
-  compile_s = time.perf_counter() - t
-  mem = compiled.memory_analysis()
-  state, m = compiled(state, batch)  # Warm-up.
-  jax.block_until_ready(m)
-  times = []
-  for _ in range(args.steps):
-    t = time.perf_counter()
-    state, m = compiled(state, batch)
-    jax.block_until_ready(m)
-    times.append(time.perf_counter() - t)
-  return dict(step_s=float(np.median(times)), compile_s=compile_s,
-              loss=float(m["loss"]),
-              temp_gib=mem.temp_size_in_bytes / GIB,
-              args_gib=mem.argument_size_in_bytes / GIB)
+  batch = step.place(common.fake_batch(args.batch, args.length,
+                                       cfg.vocab_size))
+  run = common.time_train_step(step, state, batch, args.steps)
+  return dict(step_s=float(np.median(run.times)), compile_s=run.compile_s,
+              loss=float(run.metrics["loss"]),
+              temp_gib=run.memory.temp_size_in_bytes / GIB,
+              args_gib=run.memory.argument_size_in_bytes / GIB)
 
 
 def decode_bytes(cfg: ModelConfig, b: int, prompt: int, new: int) -> float:
@@ -210,15 +191,10 @@ def parse_args():
   p.add_argument("--models", default="qwen2_5_0_5b,smollm2_135m")
   p.add_argument("--attention_impl", default="auto",
                  help="ModelConfig.attention_impl for both models")
-  p.add_argument("--batch", type=int, default=8)
-  p.add_argument("--length", type=int, default=2048)
+  common.int_flags(p, batch=8, length=2048)
   p.add_argument("--remat", default="none")
-  p.add_argument("--steps", type=int, default=5)
-  p.add_argument("--decode_batch", type=int, default=64)
-  p.add_argument("--prompt_len", type=int, default=256)
-  p.add_argument("--new_tokens", type=int, default=256)
-  p.add_argument("--matmul_n", type=int, default=8192)
-  p.add_argument("--copy_mib", type=int, default=2048)
+  common.int_flags(p, steps=5, decode_batch=64, prompt_len=256,
+                   new_tokens=256, matmul_n=8192, copy_mib=2048)
   p.add_argument("--small", action="store_true",
                  help="CPU sizes (always on when the backend is a CPU)")
   args = p.parse_args()

@@ -46,6 +46,8 @@ from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import synthetic
 from swirl_jax.tools import parsing, registry
 
+import common  # pylint: disable=g-bad-import-order
+
 MAX_TURNS, MAX_NEW, MAX_RESPONSE = 5, 48, 320  # The CPU demo's.
 SNIPPETS = (
     "x = 17 * 23\nprint(x)",
@@ -86,11 +88,8 @@ def _load():
 
 def main(argv=None):
   p = argparse.ArgumentParser()
-  p.add_argument("--prompts", type=int, default=8)
-  p.add_argument("--group", type=int, default=4)
-  p.add_argument("--slots", type=int, default=32)
-  p.add_argument("--decode-batch", type=int, default=16)
-  p.add_argument("--chunk-steps", type=int, default=8)
+  common.int_flags(p, sep="-", prompts=8, group=4, slots=32, decode_batch=16,
+                   chunk_steps=8)
   p.add_argument("--temperature", type=float, default=0.0)
   a = p.parse_args(argv)
 

@@ -39,6 +39,8 @@ from swirl_jax import paths
 from swirl_jax.models import decoder, gguf_io, hf_io
 from swirl_jax.sampling import sampler as sampler_lib
 
+import common  # pylint: disable=g-bad-import-order
+
 
 def _best(fn, repeats: int) -> float:
   """Fastest of `repeats` timed calls (the machine may be shared)."""
@@ -197,12 +199,8 @@ def bench_tunix(python: str, batch, prompt_len, new_tokens, repeats):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch", type=int, default=16)
-  parser.add_argument("--prompt_len", type=int, default=64)
-  parser.add_argument("--new_tokens", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--extend_batch", type=int, default=4)
-  parser.add_argument("--torch_threads", type=int, default=2)
+  common.int_flags(parser, batch=16, prompt_len=64, new_tokens=128, repeats=3,
+                   extend_batch=4, torch_threads=2)
   parser.add_argument("--tunix-python", dest="tunix_python", default=None,
                       help="an interpreter with tunix installed")
   args = parser.parse_args()

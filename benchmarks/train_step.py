@@ -38,6 +38,8 @@ from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
 from swirl_jax.training import trainer
 
+import common  # pylint: disable=g-bad-import-order
+
 GIB = 1 << 30
 
 
@@ -54,17 +56,6 @@ def matmul_peak(dtype, n: int = 2048, reps: int = 5) -> float:
   return 2 * n**3 / best
 
 
-def model_flops(cfg, n_params: int, b: int, t: int,
-                causal: bool = False) -> float:
-  """Forward + backward: 6 N per token, plus attention scores and values.
-
-  The attention term counts all t x t scores (PaLM's MFU convention), or,
-  with `causal`, the lower half a causal model needs (MaxText's).
-  """
-  attn = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * t * t * b
-  return 6 * n_params * b * t + (attn / 2 if causal else attn)
-
-
 def load_model(dtype: str, remat: str, **overrides):
   overrides = dict(dtype=dtype, remat=remat, **overrides)
   try:
@@ -74,16 +65,6 @@ def load_model(dtype: str, remat: str, **overrides):
   except FileNotFoundError:  # Same shapes, random weights.
     cfg = presets.get_preset("smollm2_135m", **overrides)
     return cfg, None, "random"
-
-
-def fake_batch(b: int, t: int, vocab: int):
-  rng = np.random.default_rng(0)
-  mask = np.zeros((b, t), np.float32)
-  mask[:, t // 4:] = 1  # A prompt, then the policy's tokens.
-  return dict(tokens=rng.integers(0, vocab, (b, t)), loss_mask=mask,
-              advantages=rng.normal(size=(b,)).astype(np.float32),
-              behaviour_logprobs=rng.normal(-2.0, 0.5, (b, t)).astype(
-                  np.float32))
 
 
 def bench_step(args) -> dict:
@@ -97,29 +78,20 @@ def bench_step(args) -> dict:
   state, shardings = state_lib.create(cfg, tx, mesh, params=params)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   step = step_lib.TrainStep(cfg, config, tx, schedule, mesh, shardings)
-  batch = fake_batch(args.batch, args.length, cfg.vocab_size)
+  batch = common.fake_batch(args.batch, args.length, cfg.vocab_size)
 
   # The peak is measured before, between and after the steps and the best
   # is kept: a transient slowdown of a shared machine then lowers the
   # step's figure, never the peak it is compared with.
   peaks = [matmul_peak(jnp.dtype(args.dtype))]
-  t = time.perf_counter()
-  compiled = step.lower(state, batch).compile()
-  compile_s = time.perf_counter() - t
-  mem = compiled.memory_analysis()
-  placed = step.place(batch)
-  state, m = compiled(state, placed)  # Warm-up.
-  jax.block_until_ready(m)
-  times = []
-  for _ in range(args.steps):
-    t = time.perf_counter()
-    state, m = compiled(state, placed)
-    jax.block_until_ready(m)
-    times.append(time.perf_counter() - t)
-    peaks.append(matmul_peak(jnp.dtype(args.dtype)))
+  run = common.time_train_step(
+      step, state, batch, args.steps,
+      after_step=lambda: peaks.append(matmul_peak(jnp.dtype(args.dtype))))
+  times, mem, m = run.times, run.memory, run.metrics
   step_s = float(np.median(times))
-  flops = model_flops(cfg, n_params, args.batch, args.length)
-  causal_flops = model_flops(cfg, n_params, args.batch, args.length, True)
+  flops = common.train_flops(cfg, n_params, args.batch, args.length, False)
+  causal_flops = common.train_flops(cfg, n_params, args.batch, args.length,
+                                    True)
   peak = max(peaks)
   return dict(
       weights=source, n_params=int(n_params), batch=args.batch,
@@ -127,7 +99,7 @@ def bench_step(args) -> dict:
       attn_query_block=args.attn_query_block,
       micro_batches=args.micro_batches,
       dtype=args.dtype, device=str(jax.devices()[0].platform),
-      compile_s=round(compile_s, 1), step_s=round(step_s, 3),
+      compile_s=round(run.compile_s, 1), step_s=round(step_s, 3),
       step_times_s=[round(x, 3) for x in times],
       tokens_per_s=round(args.batch * args.length / step_s, 1),
       model_tflop_per_step=round(flops / 1e12, 3),
@@ -186,17 +158,15 @@ def use_tcmalloc(allocator: str) -> str:
 
 def main():
   p = argparse.ArgumentParser()
-  p.add_argument("--batch", type=int, default=8)
-  p.add_argument("--length", type=int, default=512)
+  common.int_flags(p, batch=8, length=512)
   # 'none' needs ~15 GiB here; 'dots' recomputes only attention.
   p.add_argument("--remat", default="dots")
-  p.add_argument("--chunk", type=int, default=128)
-  # Gradient accumulation: on this 2-core CPU a micro-batch of 2 rows ran
-  # fastest per token (8 rows at once: 1.5x slower per token; the working
-  # set outgrows the caches).
-  p.add_argument("--micro_batches", type=int, default=4)
-  p.add_argument("--attn_query_block", type=int, default=128)
-  p.add_argument("--steps", type=int, default=2)
+  common.int_flags(
+      p, chunk=128,
+      # Gradient accumulation: on this 2-core CPU a micro-batch of 2 rows
+      # ran fastest per token (8 rows at once: 1.5x slower per token; the
+      # working set outgrows the caches).
+      micro_batches=4, attn_query_block=128, steps=2)
   p.add_argument("--dtype", default="float32")
   p.add_argument("--skip_logprobs", action="store_true")
   p.add_argument("--allocator", choices=("tcmalloc", "system"),

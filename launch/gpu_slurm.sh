@@ -45,66 +45,17 @@ Example:
 EOF
 }
 
-# die, quote, quote_words, require, check_env_item.
+# die, quote, quote_words, require, check_command, run_cmd, parse_args.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-run_cmd() {
-  if [[ $DRY_RUN == 1 ]]; then
-    echo "+ $(quote_words "$@")"
-  else
-    echo "+ $(quote_words "$@")" >&2
-    "$@"
-  fi
-}
-
-# Option name -> variable it sets; fails for an unknown option.
-option_var() {
-  case $1 in
-    --config) echo CONFIG ;;
-    --workdir) echo WORKDIR ;;
-    --nodes) echo NODES ;;
-    --port) echo COORDINATOR_PORT ;;
-    --gpus-per-node) echo GPUS_PER_NODE ;;
-    --partition) echo PARTITION ;;
-    --time) echo TIME_LIMIT ;;
-    --job-name) echo JOB_NAME ;;
-    --venv) echo VENV ;;
-    --sbatch) echo SBATCH_ITEM ;;
-    --setup) echo SETUP_ITEM ;;
-    --env) echo ENV_ITEM ;;
-    *) return 1 ;;
-  esac
-}
-
-# set_option NAME VALUE HAS_VALUE
-set_option() {
-  local var
-  var=$(option_var "$1") || die "unknown option $1 (see --help)"
-  [[ $3 == 1 && -n $2 ]] || die "option $1 needs a value"
-  # --sbatch takes "--account=abc"; every other value starting with "-" is
-  # more likely a forgotten value than a value.
-  [[ $var == SBATCH_ITEM || $2 != -* ]] || die "option $1 needs a value"
-  case $var in
-    SBATCH_ITEM) SBATCH_OPTS+=("$2") ;;
-    SETUP_ITEM) SETUP+=("$2") ;;
-    ENV_ITEM) check_env_item "$2"; ENVS+=("$2") ;;
-    *) printf -v "$var" '%s' "$2" ;;
-  esac
-}
-
-parse_args() {
-  while (($#)); do
-    case $1 in
-      -h | --help) usage; exit 0 ;;
-      -n | --dry-run) DRY_RUN=1 ;;
-      --) shift; EXTRA=("$@"); return ;;
-      --*=*) set_option "${1%%=*}" "${1#*=}" 1 ;;
-      --*) set_option "$1" "${2-}" "$(($# >= 2))"; shift ;;
-      *) die "unexpected argument '$1' (arguments for main go after --)" ;;
-    esac
-    shift
-  done
-}
+# Options and the variables they set (see common.sh); no switches here.
+readonly -a OPTIONS=(--config=CONFIG --workdir=WORKDIR --nodes=NODES
+  --port=COORDINATOR_PORT --gpus-per-node=GPUS_PER_NODE
+  --partition=PARTITION --time=TIME_LIMIT --job-name=JOB_NAME --venv=VENV
+  --sbatch=SBATCH_OPTS+ --setup=SETUP+ --env=ENVS+)
+readonly -a SWITCHES=()
+# Options whose value may start with "-": --sbatch takes "--account=abc".
+readonly DASH_VALUES=--sbatch
 
 positive_int() {
   [[ $1 =~ ^[1-9][0-9]*$ ]] || die "$2 wants a positive integer, got '$1'"
@@ -210,15 +161,7 @@ cmd_install() {
 }
 
 main() {
-  if (($# == 0)); then
-    usage >&2
-    exit 2
-  fi
-  case $1 in
-    -h | --help) usage; exit 0 ;;
-    script | submit | install) ;;
-    *) die "unknown command '$1' (want script, submit or install)" ;;
-  esac
+  check_command "script submit install" "$@"
   local cmd=$1
   shift
   CONFIG=${CONFIG:-} WORKDIR=${WORKDIR:-} NODES=${NODES:-1}
@@ -227,8 +170,6 @@ main() {
   TIME_LIMIT=${TIME_LIMIT:-} VENV=${VENV:-$HOME/venvs/swirl_jax}
   JOB_NAME=swirl_jax
   SBATCH_OPTS=() SETUP=() ENVS=() EXTRA=()
-  # Anything but an explicit no means a dry run: it must never run things.
-  case ${DRY_RUN:-0} in 0 | false | no | "") DRY_RUN=0 ;; *) DRY_RUN=1 ;; esac
   parse_args "$@"
   if ((${#EXTRA[@]})) && [[ $cmd == install ]]; then
     die "arguments after -- are for script and submit only"

@@ -42,7 +42,9 @@ Options ([environment variable] that sets the default):
   --venv DIR            virtual environment on each host, under ~ unless
                         absolute (default swirl_venv) [VENV]
   --config FILE[:ARGS]  run: config, relative to the code [CONFIG]
-  --workdir DIR         run: output directory, on each host [WORKDIR]
+  --workdir DIR         run: output directory, on each host; gs://BUCKET/PATH
+                        mounts the bucket with gcsfuse at ~/gcs/BUCKET on
+                        every host and runs there [WORKDIR]
   --env KEY=VALUE       run: extra environment for main (repeatable)
   --coordinator ADDR    run: jax.distributed coordinator host:port
                         (default: worker 0's internal IP) [COORDINATOR]
@@ -59,23 +61,9 @@ Example:
 EOF
 }
 
-# die, quote, quote_words, require, check_env_item.
+# die, quote, quote_words, require, check_command, trace, run_cmd,
+# parse_args.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-
-# Dry-run traces go to fd 3, the real stdout (main opens it), so that one
-# made inside $(...) still reaches the user.
-trace() {
-  if [[ $DRY_RUN == 1 ]]; then
-    echo "+ $*" >&3
-  else
-    echo "+ $*" >&2
-  fi
-}
-
-run_cmd() {
-  trace "$(quote_words "$@")"
-  [[ $DRY_RUN == 1 ]] || "$@"
-}
 
 # A path on a TPU host: relative paths are under the login user's home.
 remote_path() {
@@ -94,56 +82,15 @@ default_version() {
   esac
 }
 
-# Option name -> variable it sets; fails for an unknown option.
-option_var() {
-  case $1 in
-    --name) echo TPU_NAME ;;
-    --zone) echo ZONE ;;
-    --project) echo PROJECT ;;
-    --type) echo ACCELERATOR_TYPE ;;
-    --version) echo RUNTIME_VERSION ;;
-    --repo) echo REPO_URL ;;
-    --ref) echo REPO_REF ;;
-    --src) echo SRC ;;
-    --remote-dir) echo REMOTE_DIR ;;
-    --venv) echo VENV ;;
-    --config) echo CONFIG ;;
-    --workdir) echo WORKDIR ;;
-    --coordinator) echo COORDINATOR ;;
-    --worker) echo WORKER ;;
-    --env) echo ENV_ITEM ;;
-    *) return 1 ;;
-  esac
-}
-
-# set_option NAME VALUE HAS_VALUE
-set_option() {
-  local var
-  var=$(option_var "$1") || die "unknown option $1 (see --help)"
-  [[ $3 == 1 && -n $2 && $2 != -* ]] || die "option $1 needs a value"
-  if [[ $var == ENV_ITEM ]]; then
-    check_env_item "$2"; ENVS+=("$2")
-  else
-    printf -v "$var" '%s' "$2"
-  fi
-}
-
-parse_args() {
-  while (($#)); do
-    case $1 in
-      -h | --help) usage; exit 0 ;;
-      -n | --dry-run) DRY_RUN=1 ;;
-      --spot) SPOT=1 ;;
-      --detach) DETACH=1 ;;
-      --yes) YES=1 ;;
-      --) shift; EXTRA=("$@"); return ;;
-      --*=*) set_option "${1%%=*}" "${1#*=}" 1 ;;
-      --*) set_option "$1" "${2-}" "$(($# >= 2))"; shift ;;
-      *) die "unexpected argument '$1' (arguments for main go after --)" ;;
-    esac
-    shift
-  done
-}
+# Options and switches, and the variables they set (see common.sh).
+readonly -a OPTIONS=(--name=TPU_NAME --zone=ZONE --project=PROJECT
+  --type=ACCELERATOR_TYPE --version=RUNTIME_VERSION --repo=REPO_URL
+  --ref=REPO_REF --src=SRC --remote-dir=REMOTE_DIR --venv=VENV
+  --config=CONFIG --workdir=WORKDIR --coordinator=COORDINATOR
+  --worker=WORKER --env=ENVS+)
+readonly -a SWITCHES=(--spot=SPOT --detach=DETACH --yes=YES)
+# Options whose value may start with "-": none.
+readonly DASH_VALUES=
 
 # gcloud compute tpus tpu-vm VERB NAME --zone=... [--project=...] ARGS...
 tpu_vm() {
@@ -240,12 +187,39 @@ worker0_ip() {
   fi
 }
 
+# mount_steps BUCKET MOUNT: shell text that mounts gs://BUCKET at MOUNT on a
+# host (installing gcsfuse first where the image lacks it), then "&& ".
+# Records are appended with local file I/O, so every host writes through
+# one mount of the bucket; checkpoints there commit with a commit file
+# instead of a directory rename (swirl_jax.training.checkpoint).
+mount_steps() {
+  local bucket mount=$2 apt="sudo DEBIAN_FRONTEND=noninteractive apt-get -qq"
+  local key=/usr/share/keyrings/cloud.google.asc
+  local repo="deb [signed-by=$key] https://packages.cloud.google.com/apt"
+  bucket=$(quote "$1")
+  printf '%s' "{ command -v gcsfuse >/dev/null || {" \
+    " echo \"$repo gcsfuse-\$(lsb_release -cs) main\"" \
+    " | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null" \
+    " && curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg" \
+    " | sudo tee $key >/dev/null && $apt update && $apt install -y gcsfuse;" \
+    " }; } && mkdir -p $mount && { mountpoint -q $mount ||" \
+    " gcsfuse --implicit-dirs $bucket $mount; } && "
+}
+
 cmd_run() {
   require CONFIG --config
   require WORKDIR --workdir
-  # Records (JSONL shards, metrics) are appended with local file I/O.
-  [[ $WORKDIR != *://* ]] || die "--workdir $WORKDIR: swirl_jax writes" \
-    "with local file I/O; mount the bucket (gcsfuse) and pass the mount path"
+  local workdir=$WORKDIR mount="" bucket rest
+  case $WORKDIR in
+    gs://?*)  # Mounted on every host at ~/gcs/BUCKET.
+      rest=${WORKDIR#gs://} bucket=${rest%%/*}
+      [[ $bucket =~ ^[a-z0-9][a-z0-9._-]*$ ]] ||
+        die "--workdir $WORKDIR: not a bucket name"
+      mount=$(remote_path "gcs/$bucket")
+      workdir="gcs/$bucket${rest:${#bucket}}" ;;
+    *://*) die "--workdir $WORKDIR: only gs:// URLs are mounted; mount" \
+      "the storage on every host and pass the mount path" ;;
+  esac
   local coordinator=$COORDINATOR ip
   if [[ -z $coordinator ]]; then
     ip=$(worker0_ip)
@@ -260,12 +234,20 @@ cmd_run() {
     ${ENVS[@]+"${ENVS[@]}"})
   local launch
   launch="$(quote_words "${env_words[@]}") $(remote_path "$VENV")/bin/python"
-  launch+=" -m swirl_jax.main $(quote_words "--config=$CONFIG" \
-    "--workdir=$WORKDIR" ${EXTRA[@]+"${EXTRA[@]}"})"
+  launch+=" -m swirl_jax.main $(quote_words "--config=$CONFIG")"
+  if [[ -n $mount ]]; then
+    # $HOME, not ~: a tilde after "=" is not expanded in an argument.
+    launch+=" --workdir=\$HOME/$(quote "$workdir")"
+  else
+    launch+=" $(quote "--workdir=$workdir")"
+  fi
+  launch+="${EXTRA[@]+ $(quote_words "${EXTRA[@]}")}"
   if [[ $DETACH == 1 ]]; then
     launch="nohup $launch > $RUN_LOG 2>&1 < /dev/null &"
   fi
-  tpu_ssh all "cd $(remote_path "$REMOTE_DIR") && $launch"
+  local mounting=""
+  [[ -z $mount ]] || mounting=$(mount_steps "$bucket" "$mount")
+  tpu_ssh all "${mounting}cd $(remote_path "$REMOTE_DIR") && $launch"
 }
 
 cmd_ssh() {
@@ -282,26 +264,15 @@ cmd_delete() {
 }
 
 main() {
-  if (($# == 0)); then
-    usage >&2
-    exit 2
-  fi
-  case $1 in
-    -h | --help) usage; exit 0 ;;
-    create | install | run | ssh | delete) ;;
-    *) die "unknown command '$1' (want create, install, run, ssh or delete)" ;;
-  esac
+  check_command "create install run ssh delete" "$@"
   local cmd=$1
   shift
-  exec 3>&1
   TPU_NAME=${TPU_NAME:-} ZONE=${ZONE:-} PROJECT=${PROJECT:-}
   ACCELERATOR_TYPE=${ACCELERATOR_TYPE:-} RUNTIME_VERSION=${RUNTIME_VERSION:-}
   REPO_URL=${REPO_URL:-} REPO_REF=${REPO_REF:-HEAD} SRC=$CHECKOUT
   REMOTE_DIR=${REMOTE_DIR:-swirl_jax} VENV=${VENV:-swirl_venv}
   CONFIG=${CONFIG:-} WORKDIR=${WORKDIR:-} COORDINATOR=${COORDINATOR:-}
   WORKER=0 SPOT=0 DETACH=0 YES=0 ENVS=() EXTRA=()
-  # Anything but an explicit no means a dry run: it must never run things.
-  case ${DRY_RUN:-0} in 0 | false | no | "") DRY_RUN=0 ;; *) DRY_RUN=1 ;; esac
   parse_args "$@"
   if ((${#EXTRA[@]})) && [[ $cmd != run && $cmd != ssh ]]; then
     die "arguments after -- are for run and ssh only"

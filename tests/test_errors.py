@@ -94,36 +94,42 @@ def _assert_one_line_error(code, err, line):
   assert (code, err) == (2, f"error: {line}\n")
 
 
-def test_unknown_stage_fails_before_any_stage(cli, workdir):
+def _assert_fails_leaving_workdir(cli, workdir, args, line):
+  """`main` with `args` and `workdir` fails with `error: line` alone, and
+  the workdir is as it was."""
   before = _snapshot(workdir)
-  code, err = cli("--config=configs/demo.py:smoke",
-                  "--config.stages=warmstart,fitler", f"--workdir={workdir}")
-  _assert_one_line_error(code, err, "unknown SWiRL stage 'fitler'; valid: "
-                         "warmstart, stage1, filter, rl, sft, eval, report")
-  assert _snapshot(workdir) == before  # The warm start never ran.
+  code, err = cli(*args, f"--workdir={workdir}")
+  _assert_one_line_error(code, err, line)
+  assert _snapshot(workdir) == before
+
+
+def test_unknown_stage_fails_before_any_stage(cli, workdir):
+  # The workdir unchanged: the warm start never ran.
+  _assert_fails_leaving_workdir(
+      cli, workdir, ("--config=configs/demo.py:smoke",
+                     "--config.stages=warmstart,fitler"),
+      "unknown SWiRL stage 'fitler'; valid: warmstart, stage1, filter, rl, "
+      "sft, eval, report")
 
 
 def test_unknown_filter_strategy_fails_before_any_stage(cli, workdir):
-  before = _snapshot(workdir)
-  code, err = cli("--config=configs/demo.py:smoke",
-                  "--config.filter.strategy=proces", f"--workdir={workdir}")
-  _assert_one_line_error(code, err, "unknown filter strategy 'proces'; valid: "
-                         "none, process, outcome, process_outcome")
-  assert _snapshot(workdir) == before
+  _assert_fails_leaving_workdir(
+      cli, workdir, ("--config=configs/demo.py:smoke",
+                     "--config.filter.strategy=proces"),
+      "unknown filter strategy 'proces'; valid: none, process, outcome, "
+      "process_outcome")
 
 
 def test_missing_data_file_names_the_fetch_command(cli, workdir, tmp_path):
   empty = tmp_path / "no_data"
   empty.mkdir()
-  before = _snapshot(workdir)
-  code, err = cli("--config=configs/swirl_gsm8k.py:runlocal",
-                  "--config.job=swirl_stage1",
-                  f"--config.data.data_dir={empty}", f"--workdir={workdir}")
-  _assert_one_line_error(
-      code, err, f"gsm8k split 'train': missing file {empty}/gsm8k/train.jsonl"
-      "; fetch it with: python -m swirl_jax.main --config=configs/data.py:"
+  _assert_fails_leaving_workdir(
+      cli, workdir, ("--config=configs/swirl_gsm8k.py:runlocal",
+                     "--config.job=swirl_stage1",
+                     f"--config.data.data_dir={empty}"),
+      f"gsm8k split 'train': missing file {empty}/gsm8k/train.jsonl; fetch "
+      "it with: python -m swirl_jax.main --config=configs/data.py:"
       f"datasets=gsm8k --workdir={empty}")
-  assert _snapshot(workdir) == before
 
 
 def test_truncated_data_file_names_file_and_line(cli, workdir, tmp_path):
@@ -131,42 +137,46 @@ def test_truncated_data_file_names_file_and_line(cli, workdir, tmp_path):
   (data / "gsm8k").mkdir(parents=True)
   (data / "gsm8k" / "train.jsonl").write_text(
       '{"question": "What is 2+2?", "answer": "#### 4"}\n{"question": "Wh')
-  before = _snapshot(workdir)
-  code, err = cli("--config=configs/swirl_gsm8k.py:runlocal",
-                  "--config.job=swirl_stage1",
-                  f"--config.data.data_dir={data}", f"--workdir={workdir}")
-  _assert_one_line_error(code, err, f"{data}/gsm8k/train.jsonl:2: bad JSON "
-                         "(Unterminated string starting at column 14)")
-  assert _snapshot(workdir) == before
+  _assert_fails_leaving_workdir(
+      cli, workdir, ("--config=configs/swirl_gsm8k.py:runlocal",
+                     "--config.job=swirl_stage1",
+                     f"--config.data.data_dir={data}"),
+      f"{data}/gsm8k/train.jsonl:2: bad JSON (Unterminated string starting "
+      "at column 14)")
+
+
+def test_url_workdir_says_to_mount_it(cli, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # A local 'gs:' directory would land here.
+  code, err = cli(f"--config={REPO}/configs/demo.py:smoke",
+                  "--workdir=gs://b/run")
+  _assert_one_line_error(
+      code, err, "workdir gs://b/run: a URL; mount the bucket and pass the "
+      "mount path (launch/tpu_vm.sh run --workdir=gs://... mounts it with "
+      "gcsfuse on every host)")
+  assert not list(tmp_path.iterdir())
 
 
 def test_missing_checkpoint(cli, workdir, tmp_path):
-  before = _snapshot(workdir)
   gone = tmp_path / "no_model"
-  code, err = cli(f"--config=configs/chat.py:checkpoint={gone}",
-                  f"--workdir={workdir}")
-  _assert_one_line_error(code, err, f"{gone}: checkpoint is missing (a .gguf "
-                         "file or a Hugging Face directory)")
-  assert _snapshot(workdir) == before
+  _assert_fails_leaving_workdir(
+      cli, workdir, (f"--config=configs/chat.py:checkpoint={gone}",),
+      f"{gone}: checkpoint is missing (a .gguf file or a Hugging Face "
+      "directory)")
 
 
 def test_missing_tokenizer(cli, workdir, tmp_path):
-  before = _snapshot(workdir)
   gone = tmp_path / "no_tokenizer"
-  code, err = cli("--config=configs/chat.py:model=tiny",
-                  f"--config.model.tokenizer={gone}", f"--workdir={workdir}")
-  _assert_one_line_error(code, err, f"tokenizer '{gone}': not a .gguf file or "
-                         "a Hugging Face directory")
-  assert _snapshot(workdir) == before
+  _assert_fails_leaving_workdir(
+      cli, workdir, ("--config=configs/chat.py:model=tiny",
+                     f"--config.model.tokenizer={gone}"),
+      f"tokenizer '{gone}': not a .gguf file or a Hugging Face directory")
 
 
 def test_bad_preset(cli, workdir):
-  before = _snapshot(workdir)
-  code, err = cli("--config=configs/chat.py:model=smollm3",
-                  f"--workdir={workdir}")
-  _assert_one_line_error(code, err, "unknown model preset 'smollm3'; valid: "
-                         + ", ".join(sorted(presets.PRESETS)))
-  assert _snapshot(workdir) == before
+  _assert_fails_leaving_workdir(
+      cli, workdir, ("--config=configs/chat.py:model=smollm3",),
+      "unknown model preset 'smollm3'; valid: "
+      + ", ".join(sorted(presets.PRESETS)))
 
 
 def test_traceback_flag_shows_the_error(cli, workdir):

@@ -44,7 +44,9 @@ if name == "gcloud" and "describe" in args:
 if name == "sbatch":
   print("Submitted batch job 42")
 if name == "scontrol":  # show hostnames NODELIST
-  print("gpu-node-7\\ngpu-node-8")
+  # One write, as scontrol makes: the job script reads it through
+  # `head -n 1`, and a second write (PYTHONUNBUFFERED) can meet a closed pipe.
+  sys.stdout.write("gpu-node-7\\ngpu-node-8\\n")
 """
 
 TPU_BASE = ("--name=swirl", "--zone=us-central2-b")
@@ -104,6 +106,15 @@ def _ok(result):
   return result
 
 
+def _assert_bad_usage(fakes, script, argv, error):
+  """Fails with one line naming `error`, having run nothing."""
+  r = fakes.run(script, *argv)
+  assert r.returncode != 0
+  assert r.stderr.splitlines() == [r.stderr.splitlines()[0]]
+  assert error in r.stderr
+  assert not fakes.calls()
+
+
 def _assert_shell_syntax(text):
   subprocess.run(["bash", "-n", "-c", text], check=True)
 
@@ -145,6 +156,26 @@ def test_tpu_run_dry_run_runs_main_on_every_host(fakes):
   assert "JAX_COORDINATOR_ADDRESS=WORKER_0_IP:8476" in words
   assert "SWIRL_JAX_DATA=/data" in words
   assert not fakes.calls()
+
+
+def test_tpu_run_mounts_a_gs_workdir_on_every_host(fakes):
+  """A gs:// workdir: each host mounts the bucket (installing gcsfuse if
+  missing) and main runs in the mount, every host in the same directory."""
+  args = [a if not a.startswith("--workdir=") else
+          "--workdir=gs://my-bucket/runs/gsm8k" for a in RUN_ARGS]
+  r = _ok(fakes.run(TPU, "run", "--dry-run", *args))
+  _, ssh = _commands(r.stdout)
+  remote = _remote(ssh)
+  _assert_shell_syntax(remote)
+  mount, run = remote.split(" && cd ~/swirl_jax && ")
+  assert mount.startswith("{ command -v gcsfuse >/dev/null || {")
+  assert "apt-get -qq install -y gcsfuse" in mount
+  assert mount.endswith("mkdir -p ~/gcs/my-bucket && { mountpoint -q "
+                        "~/gcs/my-bucket || gcsfuse --implicit-dirs my-bucket "
+                        "~/gcs/my-bucket; }")
+  words = shlex.split(run)
+  assert "--workdir=$HOME/gcs/my-bucket/runs/gsm8k" in words
+  assert words[-1] == PROMPT
 
 
 def test_tpu_dry_run_env_var_same_as_flag(fakes):
@@ -255,7 +286,10 @@ def test_tpu_help(fakes):
     (("create", *TPU_BASE), "error: missing --type"),
     (("create", *TPU_BASE, "--type=v99-8"), "pass --version"),
     (("run", *TPU_BASE, "--config=configs/a.py"), "error: missing --workdir"),
-    (("run", *TPU_BASE, "--config=c.py", "--workdir=gs://b/r"), "gcsfuse"),
+    (("run", *TPU_BASE, "--config=c.py", "--workdir=s3://b/r"),
+     "only gs:// URLs are mounted"),
+    (("run", *TPU_BASE, "--config=c.py", "--workdir=gs://Bad_Name/r"),
+     "not a bucket name"),
     (("run", *TPU_BASE, "--frobnicate=1"), "unknown option --frobnicate"),
     (("run", "--name"), "error: option --name needs a value"),
     (("run", *TPU_BASE, "stray"), "error: unexpected argument 'stray'"),
@@ -263,11 +297,7 @@ def test_tpu_help(fakes):
     (("run", *TPU_BASE, "--env", "NOEQUALS"), "KEY=VALUE"),
 ])
 def test_tpu_bad_usage(fakes, argv, error):
-  r = fakes.run(TPU, *argv)
-  assert r.returncode != 0
-  assert r.stderr.splitlines() == [r.stderr.splitlines()[0]]
-  assert error in r.stderr
-  assert not fakes.calls()
+  _assert_bad_usage(fakes, TPU, argv, error)
 
 
 def test_no_arguments_prints_usage_and_fails(fakes):
@@ -428,8 +458,4 @@ def test_gpu_install_dry_run(fakes, tmp_path):
       "--venv=/nonexistent/venv"), "launch/gpu_slurm.sh install"),
 ])
 def test_gpu_bad_usage(fakes, argv, error):
-  r = fakes.run(GPU, *argv)
-  assert r.returncode != 0
-  assert r.stderr.splitlines() == [r.stderr.splitlines()[0]]
-  assert error in r.stderr
-  assert not fakes.calls()
+  _assert_bad_usage(fakes, GPU, argv, error)

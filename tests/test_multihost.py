@@ -153,10 +153,15 @@ def test_check_shared_workdir(runs):
                    ).parent.glob(".hosts_check/*"))  # Token cleaned up.
 
 
-def test_different_batch_shapes_fail_on_both_hosts_fast(tmp_path):
-  codes, outputs, seconds = _run_pair("bad_shapes", tmp_path, timeout=60)
-  want = ("ValueError: global batch fields differ between hosts: host 0 has "
-          "{tokens: int32[4, 16]}, host 1 has {tokens: int32[4, 24]}")
+@pytest.mark.parametrize("scenario, want", [
+    ("bad_shapes", "ValueError: global batch fields differ between hosts: "
+     "host 0 has {tokens: int32[4, 16]}, host 1 has {tokens: int32[4, 24]}"),
+    ("bad_train_batch", "ValueError: global batch fields differ between "
+     "hosts: host 0 has {loss_mask: float32[8, 16], tokens: int32[8, 16]}, "
+     "host 1 has {loss_mask: float32[8, 24], tokens: int32[8, 24]}")])
+def test_different_batch_shapes_fail_on_both_hosts_fast(tmp_path, scenario,
+                                                        want):
+  codes, outputs, seconds = _run_pair(scenario, tmp_path, timeout=60)
   for code, output in zip(codes, outputs):
     assert code == 1, output[-3000:]
     assert want in output
@@ -210,9 +215,6 @@ def _jobs(scenario, tmp_path, timeout):
   return one, two
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the worker's scripted turns index rows as the lock-step loop did; "
-    "SimpleTIR now rolls out through the engine (issue 17 open)"))
 def test_simpletir_on_two_hosts_matches_one(tmp_path):
   """Two GRPO iterations with the sandbox: each host rolls out its half of
   each iteration's (task, sample) pairs; the same trajectories, losses and
@@ -235,17 +237,12 @@ def test_simpletir_on_two_hosts_matches_one(tmp_path):
 
 
 @pytest.mark.slow
-# Intermittent: passed alone and on its branch, failed once in the full
-# suite (host 1 raised inside the filter's one_writer block, then orbax's
-# create_directory barrier mismatched). Not strict until that is found.
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent: host 1 can fail inside the filter's one_writer block "
-    "(issue 17 open)"))
 def test_swirl_stages_on_two_hosts_match_one(tmp_path):
   """SWiRL stage 1 (tiny model) -> filter -> stage 2 (with the KL term's
   reference log-probs): each host generates half of stage 1's pairs into
-  its own shard; the filter's files and stage 2's losses and params equal
-  one process's."""
+  its own shard, judges half of the filter's steps and samples half of
+  each stage 2 step's states; the filter's files and stage 2's losses and
+  params equal one process's."""
   one, two = _jobs("swirl", tmp_path, timeout=400)
   t1 = stage1.read_trajectories(str(one / "stage1"))
   t2 = stage1.read_trajectories(str(two / "stage1"))
@@ -373,6 +370,11 @@ def test_single_process_helpers():
   distributed.check_shared_workdir("/nonexistent/one/process")
   with distributed.one_writer("x") as writing:
     assert writing
+
+
+def test_host_file_is_the_path_itself_with_one_process():
+  assert distributed.host_file("/w/filter/judge_cache.sqlite") == \
+      "/w/filter/judge_cache.sqlite"
 
 
 def test_long_messages_keep_a_digest():

@@ -20,6 +20,7 @@ from swirl_jax.models.gguf_tokenizer import QWEN2_SPLIT
 from swirl_jax.models.tokenizer import Tokenizer
 from swirl_jax.rollout import loop as loop_lib
 from swirl_jax.tasks.records import Task
+from test_tokenizer import hf_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -89,8 +90,7 @@ def tok(qwen3_dir):
 
 @pytest.fixture(scope="module")
 def hf(qwen3_dir):
-  transformers = pytest.importorskip("transformers")
-  return transformers.AutoTokenizer.from_pretrained(str(qwen3_dir))
+  return hf_tokenizer(str(qwen3_dir))
 
 
 def test_eos_pad_and_bos(tok):
@@ -173,12 +173,11 @@ def test_rollout_ids_keep_sampled_think_blocks(tok, thinking):
 
 
 def test_save_and_reload(tok, tmp_path):
-  transformers = pytest.importorskip("transformers")
   tok.save_hf_dir(tmp_path)
   again = Tokenizer.from_hf_dir(tmp_path)
   assert again.chat_template == TEMPLATE
   assert (again.eos_id, again.pad_id) == (tok.eos_id, tok.pad_id)
-  ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  ref = hf_tokenizer(str(tmp_path))
   assert ref.apply_chat_template(
       THINK_CHAT, tokenize=False, add_generation_prompt=True,
       enable_thinking=False) == (

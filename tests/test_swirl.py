@@ -88,6 +88,49 @@ def _units(n):
           for i in range(n)]
 
 
+class _LengthJudge:
+  """A reward model in miniature: P(GOOD) from the action's length."""
+
+  def score(self, states, actions, *, task_ids=None):
+    del task_ids
+    return [len(s + a) % 7 / 7 for s, a in zip(states, actions)]
+
+
+def test_stage2_samples_do_not_depend_on_the_batch_split():
+  """What makes stage 2's split over hosts exact: a state's G sampled
+  actions and rewards are the same (log-probs to rounding) whether it is
+  sampled with the whole step's states or with part of them, and survive
+  the text the hosts exchange."""
+  from swirl_jax.models import presets  # pylint: disable=g-import-not-at-top
+  from swirl_jax.sampling.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
+  cfg = presets.get_preset("tiny")
+  params = decoder.init_params(cfg, jax.random.key(0))
+  tok = loading.load_tokenizer("bundled")
+  sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=64))
+  c = stage2.Stage2Config(samples_per_state=3, max_new_tokens=6)
+  units = _units(4)
+  whole = stage2.sample_and_score(sampler, _LengthJudge(), units, c, seed=5)
+  parts = [t for part in (units[:1], units[1:]) for t in
+           stage2.sample_and_score(sampler, _LengthJudge(), part, c, seed=5)]
+  (a1, r1), (a2, r2) = stage2.unpack(whole), stage2.unpack(parts)
+  assert (a1.ids, a1.texts) == (a2.ids, a2.texts)
+  np.testing.assert_array_equal(r1, r2)
+  # Log-probs only to float rounding: a batch of other rows' shape is
+  # another matmul program.
+  np.testing.assert_allclose(np.concatenate(a1.logprobs),
+                             np.concatenate(a2.logprobs), atol=1e-5)
+  acts, rewards = a1, r1
+  assert rewards.shape == (4, 3) and len(acts.ids) == len(acts.texts) == 12
+  assert len({tuple(i) for i in acts.ids}) > 1  # Rows sample their own.
+  direct = stage2.sample_actions(sampler, units, c, seed=5)
+  assert acts.ids == [list(map(int, i)) for i in direct.ids]
+  for got, want in zip(acts.logprobs, direct.logprobs):
+    np.testing.assert_array_equal(got, np.asarray(want, np.float32))
+  other = stage2.unpack(stage2.sample_and_score(
+      sampler, _LengthJudge(), units, c, seed=6))[0]
+  assert other.ids != acts.ids  # The step's seed matters.
+
+
 def test_stage2_batch_and_loss_equal_the_formulas():
   units = _units(2)
   c = stage2.Stage2Config(samples_per_state=3, advantage="mean")

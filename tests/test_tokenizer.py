@@ -27,6 +27,13 @@ SYSTEM_USER = [{"role": "system", "content": "You are terse."},
                {"role": "user", "content": "Hi there"}]
 
 
+def hf_tokenizer(*args, **kwargs):
+  """transformers' `AutoTokenizer.from_pretrained(*args, **kwargs)`, the
+  reference; skips the test without transformers."""
+  transformers = pytest.importorskip("transformers")
+  return transformers.AutoTokenizer.from_pretrained(*args, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def gguf_file():
   try:
@@ -43,9 +50,8 @@ def smol(gguf_file):
 @pytest.fixture(scope="module")
 def hf_gguf(gguf_file):
   """transformers' own conversion of the same GGUF, loaded offline."""
-  transformers = pytest.importorskip("transformers")
-  return transformers.AutoTokenizer.from_pretrained(
-      os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file))
+  return hf_tokenizer(os.path.dirname(gguf_file),
+                      gguf_file=os.path.basename(gguf_file))
 
 
 def test_smollm2_special_ids(smol):
@@ -127,12 +133,11 @@ def test_segments_concatenate_to_whole(smol):
 
 
 def test_save_hf_dir_roundtrip(smol, tmp_path):
-  transformers = pytest.importorskip("transformers")
   smol.save_hf_dir(tmp_path)
   config = json.loads((tmp_path / "tokenizer_config.json").read_text())
   assert (tmp_path / "chat_template.jinja").read_text() == smol.chat_template
   assert config["eos_token"] == "<|im_end|>"
-  hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  hf = hf_tokenizer(str(tmp_path))
   for text in TEXTS:
     assert hf.encode(text) == smol.encode(text), text
   assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (1, 2, 2)
@@ -205,11 +210,10 @@ def test_sentencepiece_gguf_matches_transformers(tmp_path):
 
 
 def test_sentencepiece_save_hf_dir(tmp_path):
-  transformers = pytest.importorskip("transformers")
   tok = Tokenizer.from_gguf(_write_gguf(tmp_path / "spm.gguf"))
   tok.save_hf_dir(tmp_path / "out")
   # add_bos survives export: transformers adds BOS by default.
-  hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+  hf = hf_tokenizer(str(tmp_path / "out"))
   text = "hello world that"
   assert hf.encode(text) == tok.encode(text, add_bos=True)
   again = Tokenizer.from_hf_dir(tmp_path / "out")

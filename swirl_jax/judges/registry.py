@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from swirl_jax import config_lib
+from swirl_jax import config_lib, distributed
 from swirl_jax.judges import base
 from swirl_jax.judges.http_judge import HTTPJudge, chat_url
 from swirl_jax.judges.model import ModelJudge
@@ -95,7 +95,9 @@ def make_judge(config, tasks: Sequence[Any] | None = None,
   if c.kind == "http":
     cache = c.cache_path or default_cache_path
     return HTTPJudge(c.base_url, c.model_name, threshold=c.threshold,
-                     cache_path="" if cache == "off" else cache,
+                     # One SQLite writer per file: each host its own cache.
+                     cache_path="" if cache in ("", "off") else
+                     distributed.host_file(cache),
                      **{k: c[k] for k in _HTTP_KW})
   if tasks is None:
     raise ValueError(f"{name}: a programmatic judge needs the tasks")

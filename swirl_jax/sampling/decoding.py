@@ -13,7 +13,8 @@ another row's padding because padded slots stay invalid.
 Jit these with `cfg` (and the static sizes) closed over; `Sampler` does.
 """
 
-from typing import NamedTuple
+import collections
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -194,3 +195,16 @@ def decode(params, cfg: ModelConfig, cache: decoder.Cache, logits_BV,
   reason_B = jnp.where(active_B, CACHE_FULL, reason_B)
   return DecodeOut(constrain_cache(cache), logits_BV, state_B, tokens_BN,
                    lps_BN, num_B, reason_B)
+
+
+def count_traces(counts: collections.Counter, name: str,
+                 fn: Callable) -> Callable:
+  """`fn`, adding 1 to `counts[name]` each time jax traces it.
+
+  Jit what it returns: a program's trace count is how often it compiled,
+  which the samplers report as `trace_counts`.
+  """
+  def traced(*args):
+    counts[name] += 1  # Runs once per trace, not per call.
+    return fn(*args)
+  return traced

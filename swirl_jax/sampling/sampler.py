@@ -21,6 +21,7 @@ in `decoding.py` and the engine's slot cache in `slots.py`.
 
 import collections
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -477,12 +478,7 @@ class _Programs:
 
   def __init__(self, cfg: ModelConfig, cache_dtype: str | None):
     self.trace_counts = collections.Counter()
-
-    def counted(name, fn):
-      def traced(*args):
-        self.trace_counts[name] += 1  # Runs once per trace (compilation).
-        return fn(*args)
-      return traced
+    counted = functools.partial(decoding.count_traces, self.trace_counts)
 
     def prefill(params, tokens, mask, cache_len):
       return decoding.prefill(params, cfg, tokens, mask, cache_len,

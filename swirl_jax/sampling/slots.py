@@ -18,6 +18,7 @@ Two programs, each compiled once per (rows bucket, read_len[, tokens]):
 """
 
 import collections
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -129,12 +130,7 @@ class Programs:
 
   def __init__(self, cfg: ModelConfig):
     self.trace_counts = collections.Counter()
-
-    def counted(name, fn):
-      def traced(*args):
-        self.trace_counts[name] += 1  # Runs once per trace (compilation).
-        return fn(*args)
-      return traced
+    counted = functools.partial(decoding.count_traces, self.trace_counts)
 
     def append_(params, cache, logits, stop, rows, fresh, tokens, mask,
                 read_len):

@@ -21,8 +21,7 @@ import ml_collections
 import tqdm
 from absl import logging
 
-from swirl_jax import config_lib, judges, warmstart
-from swirl_jax import distributed, judges, warmstart
+from swirl_jax import config_lib, distributed, judges, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
@@ -166,8 +165,14 @@ def _judged(c, workdir, units, out: pathlib.Path) -> list[StepUnit]:
     tasks = _tasks(c, "train") if jc.kind == "programmatic" else None
     judge = _judge(jc, tasks, policy,
                    cache_path=str(out / "judge_cache.sqlite"))
-    stored.update((_step_key(u), u) for u in judges.label_units(
-        judge, todo, total=len(units)))
+    labelled = distributed.run_shared(  # Each host judges its share.
+        lambda part: judges.label_units(judge, part, total=len(units)),
+        todo, to_text=StepUnit.to_json, from_text=StepUnit.from_json,
+        what="filter judging")
+    # Each host checked its own unreadable replies; this checks them all.
+    judge.check_readable(sum(u.process_good is None for u in labelled),
+                         len(units))
+    stored.update((_step_key(u), u) for u in labelled)
   units = [dataclasses.replace(u, process_good=stored[_step_key(u)]
                                .process_good,
                                process_prob=stored[_step_key(u)].process_prob)
@@ -261,10 +266,10 @@ def _rl(c, workdir):
       if it >= c.rl_iterations:
         break
       sampler.params = distributed.local_copy(trainer.policy_params())
-      actions = stage2.sample_actions(sampler, batch_units, s,
-                                      seed=c.seed * 7919 + it)
-      rewards = stage2.score_actions(reward, batch_units, actions,
-                                     s.samples_per_state)
+      actions, rewards = stage2.unpack(distributed.run_shared(
+          lambda part: stage2.sample_and_score(  # pylint: disable=cell-var-from-loop
+              sampler, reward, part, s, seed=c.seed * 7919 + it),
+          batch_units, to_text=str, from_text=str, what="stage 2 samples"))
       batch = stage2.rl_batch(batch_units, actions, rewards, s,
                               mini_batch_size=tc.mini_batch_size or 1)
       if ref_fn is not None:

@@ -18,7 +18,6 @@ import hashlib
 import os
 from typing import Sequence
 
-import jax
 from absl import logging
 
 from swirl_jax import distributed
@@ -27,8 +26,7 @@ from swirl_jax.rollout.records import Trajectory, iter_jsonl, write_jsonl
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks.records import Task
 
-SHARD = "shard_{:05d}.jsonl"
-HOST_SHARD = "shard_{:05d}-host{:03d}.jsonl"  # Several processes.
+SHARD = "shard_{:05d}.jsonl"  # Several processes: shard_N-hostH.jsonl.
 
 
 def read_trajectories(directory: str) -> list[Trajectory]:
@@ -43,9 +41,7 @@ def read_trajectories(directory: str) -> list[Trajectory]:
 
 
 def _shard_path(out_dir: str, shard: int) -> str:
-  if jax.process_count() == 1:
-    return os.path.join(out_dir, SHARD.format(shard))
-  return os.path.join(out_dir, HOST_SHARD.format(shard, jax.process_index()))
+  return distributed.host_file(os.path.join(out_dir, SHARD.format(shard)))
 
 
 def _on_disk(out_dir: str) -> list[Trajectory]:

@@ -10,11 +10,12 @@ saved actions of the same units with cross-entropy.
 """
 
 import dataclasses
+import json
 from typing import Sequence
 
 import numpy as np
 
-from swirl_jax import config_lib
+from swirl_jax import config_lib, distributed
 from swirl_jax.ops import advantages as adv_lib
 from swirl_jax.rollout import batching
 from swirl_jax.rollout.records import StepUnit
@@ -44,12 +45,20 @@ class Actions:
   texts: list[str]
 
 
+def row_seeds(units: Sequence[StepUnit], g: int, seed: int) -> list[int]:
+  """A seed per (state, sample) from `seed` and the pair only, so a state's
+  samples do not depend on the batch around it or on the host count."""
+  return [distributed.pair_seed(seed, f"{u.trajectory_id}:{u.step_index}",
+                                k) for u in units for k in range(g)]
+
+
 def sample_actions(sampler, units: Sequence[StepUnit], c: Stage2Config,
                    seed: int) -> Actions:
   prompts = [u.state_ids for u in units for _ in range(c.samples_per_state)]
   res = sampler.generate(prompts, max_new_tokens=c.max_new_tokens,
                          stop_strings=tuple(parsing.stop_strings("swirl")),
-                         temperature=c.temperature, top_p=c.top_p, seed=seed)
+                         temperature=c.temperature, top_p=c.top_p,
+                         seed=row_seeds(units, c.samples_per_state, seed))
   return Actions(res.tokens, res.logprobs, res.texts)
 
 
@@ -60,6 +69,33 @@ def score_actions(judge, units: Sequence[StepUnit], actions: Actions,
   task_ids = [u.task_id for u in units for _ in range(g)]
   scores = judge.score(states, actions.texts, task_ids=task_ids)
   return np.asarray(scores, np.float32).reshape(len(units), g)
+
+
+def sample_and_score(sampler, judge, units: Sequence[StepUnit],
+                     c: Stage2Config, seed: int) -> list[str]:
+  """Per state, its G sampled actions with their log-probs and rewards as
+  one JSON text: what hosts exchange when each samples its share of the
+  step's states (`distributed.run_shared`); `unpack` reads them back."""
+  g = c.samples_per_state
+  acts = sample_actions(sampler, units, c, seed)
+  rewards = score_actions(judge, units, acts, g)
+  rows = lambda i: range(i * g, (i + 1) * g)
+  return [json.dumps({
+      "ids": [list(map(int, acts.ids[r])) for r in rows(i)],
+      "logprobs": [np.asarray(acts.logprobs[r], np.float32).tolist()
+                   for r in rows(i)],
+      "texts": [acts.texts[r] for r in rows(i)],
+      "rewards": rewards[i].tolist()}) for i in range(len(units))]
+
+
+def unpack(texts: Sequence[str]) -> tuple[Actions, np.ndarray]:
+  """(Actions, rewards [B, G]) from `sample_and_score`'s texts, in order."""
+  states = [json.loads(t) for t in texts]
+  actions = Actions([ids for s in states for ids in s["ids"]],
+                    [np.asarray(lp, np.float32) for s in states
+                     for lp in s["logprobs"]],
+                    [t for s in states for t in s["texts"]])
+  return actions, np.asarray([s["rewards"] for s in states], np.float32)
 
 
 def reward_stats(rewards_BG) -> dict[str, float]:

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from swirl_jax import errors
+from swirl_jax import errors, paths
 from swirl_jax.models import hf_io
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.training.state import TrainState
@@ -44,6 +44,18 @@ def abstract_state(state: TrainState, shardings: TrainState) -> TrainState:
       state, shardings)
 
 
+def atomicity(directory: pathlib.Path) -> ocp.options.AtomicityOptions | None:
+  """How a save becomes visible: orbax's default for the path (a rename of
+  its temporary directory on a local disk), or, on a mounted bucket (where
+  a rename copies every object), a commit file written last into the
+  step's directory."""
+  probe = directory if directory.exists() else directory.parent
+  if not paths.on_object_store(probe):
+    return None
+  return ocp.options.AtomicityOptions(
+      mode=ocp.options.AtomicityMode.COMMIT_FILE)
+
+
 class Checkpointer:
   """Saves every `every` steps, keeps the last `keep`, resumes the latest."""
 
@@ -55,7 +67,8 @@ class Checkpointer:
         self.directory.absolute(),
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, cleanup_tmp_directories=True,
-            enable_async_checkpointing=async_save))
+            enable_async_checkpointing=async_save,
+            atomicity_options=atomicity(self.directory)))
     self._last = self._mngr.latest_step()
 
   def all_steps(self) -> list[int]:
