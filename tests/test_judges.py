@@ -513,6 +513,41 @@ def test_model_judge_on_a_tiny_random_model():
   assert j.scorer.label_token_ids("GOOD", "BAD") == (pos, neg)
 
 
+_SHARDED_JUDGE_SCRIPT = """
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, ml_collections
+from swirl_jax import judges, sharding as shd
+from swirl_jax.models import decoder, loading, presets
+tok = loading.load_tokenizer("bundled")
+cfg = presets.get_preset("tiny").replace(vocab_size=tok.vocab_size)
+params = decoder.init_params(cfg, jax.random.key(0))
+mesh = shd.make_mesh([("fsdp", -1)], jax.local_devices())
+sharded = shd.place(jax.device_get(params), shd.tree_shardings(
+    decoder.param_logical_axes(cfg), decoder.abstract_params(cfg), mesh))
+states, actions = ["2 + 3 = ?", "the search " * 20], ["<answer>5</answer>", "q"]
+score = lambda p: judges.ModelJudge(p, cfg, tok, batch_size=2, max_len=256,
+                                    min_bucket=256).score(states, actions)
+block = lambda preset: ml_collections.ConfigDict(dict(preset=preset))
+big = loading.host_mesh(block("qwen2_5_7b"))
+print(json.dumps(dict(
+    one=score(params), sharded=score(sharded),
+    shard=sharded["embedding"].addressable_shards[0].data.size
+    / sharded["embedding"].size,
+    big_mesh=dict(big.shape), small_mesh=loading.host_mesh(block("tiny")))))
+"""
+
+
+def test_model_judge_scores_alike_with_weights_over_a_hosts_devices():
+  """A judge of 1B+ parameters is loaded FSDP over its host's devices
+  (`loading.host_mesh`); sharded weights score as one device's do."""
+  import fresh_process  # pylint: disable=g-import-not-at-top
+  out = fresh_process.last_json(_SHARDED_JUDGE_SCRIPT)
+  assert out["shard"] == 1 / 8  # Each device an eighth of the table.
+  np.testing.assert_allclose(out["sharded"], out["one"], atol=1e-6)
+  assert out["big_mesh"] == {"fsdp": 8} and out["small_mesh"] is None
+
+
 @pytest.mark.slow
 def test_model_judge_with_smollm2():
   from swirl_jax import config_lib, paths  # pylint: disable=g-import-not-at-top

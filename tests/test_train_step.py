@@ -300,6 +300,48 @@ def test_sharded_step_matches_single_device():
       np.testing.assert_allclose(a, b, atol=2e-5, err_msg=str(case))
 
 
+_BORN_ON_MESH_SCRIPT = textwrap.dedent("""
+    import json, os, sys, tempfile
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, ml_collections
+    from swirl_jax.training import trainer as trainer_lib
+    c = trainer_lib.default_config()
+    c.mesh = "[('fsdp', -1)]"
+    c.progress = c.tensorboard = False
+    block = ml_collections.ConfigDict(dict(
+        preset="smollm2_135m", checkpoint="bundled", tokenizer="",
+        dtype="float32", param_dtype="float32", remat="none"))
+    dev0 = jax.devices()[0]
+    def on_dev0(arrays):
+      return sum(s.data.nbytes for x in arrays for s in x.addressable_shards
+                 if s.device == dev0)
+    mesh, (cfg, params, tok) = trainer_lib.load_policy(c, block)
+    total = sum(x.nbytes for x in jax.tree.leaves(params))
+    loaded = on_dev0(jax.tree.leaves(params))
+    trainer = trainer_lib.Trainer(c, tempfile.mkdtemp(), cfg, params=params,
+                                  mesh=mesh)
+    same = jax.tree.map(lambda a, b: a.sharding == b, params,
+                        trainer.shardings.params)
+    del params
+    print(json.dumps(dict(
+        total=total, loaded_dev0=loaded, live_dev0=on_dev0(jax.live_arrays()),
+        same_shardings=all(jax.tree.leaves(same)),
+        mesh=dict(trainer.mesh.shape))))
+""")
+
+
+def test_policy_is_loaded_into_the_trainers_shardings():
+  """The weights go from the checkpoint straight into their FSDP shards:
+  device 0 holds about an eighth of them, and after the trainer is built
+  (params, Adam's two moments) no whole copy sits anywhere."""
+  out = fresh_process.last_json(_BORN_ON_MESH_SCRIPT)
+  assert out["mesh"] == {"fsdp": 8}
+  assert out["same_shardings"]
+  assert out["loaded_dev0"] < 0.15 * out["total"]  # Whole copy: 1.0.
+  # Params + two moments, each sharded 8 ways: ~3/8 of one copy.
+  assert out["live_dev0"] < 0.5 * out["total"]
+
+
 def test_policy_params_merge_compiles_once(tmp_path):
   config = make_config(lora__rank=4, lora__targets=("q", "v"),
                        checkpoint_every=1000, tensorboard=False)

@@ -88,7 +88,7 @@ def make_judge(config, tasks: Sequence[Any] | None = None,
   c = config
   if c.kind == "model":
     cfg, params, tok = model if model is not None else \
-        loading.load_policy(c.model)
+        loading.load_policy(c.model, mesh=loading.host_mesh(c.model))
     return ModelJudge(params, cfg, tok, threshold=c.threshold,
                       batch_size=c.batch_size, max_len=c.max_len,
                       scoring=c.scoring)

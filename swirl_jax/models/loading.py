@@ -15,6 +15,7 @@ import os
 
 import jax
 import ml_collections
+from jax.sharding import Mesh
 
 from swirl_jax import paths
 from swirl_jax import sharding as shd
@@ -29,6 +30,15 @@ def num_params(model_cfg) -> int:
   """Parameter count of a ModelConfig, from shapes alone."""
   return sum(math.prod(x.shape) for x in
              jax.tree.leaves(decoder.abstract_params(model_cfg)))
+
+
+def host_mesh(model_cfg) -> Mesh | None:
+  """Where a model each host runs on its own share of the work (a judge, a
+  reward model) is loaded: FSDP over this host's devices from
+  BIG_MODEL_PARAMS (its preset's size), else None (one device)."""
+  if num_params(presets.get_preset(model_cfg.preset)) < BIG_MODEL_PARAMS:
+    return None
+  return shd.make_mesh([("fsdp", -1)], jax.local_devices())
 
 
 def resolve_model_block(model, n_params: int, backend: str | None = None):

@@ -91,9 +91,11 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
                                 c.data.get("data_dir") or None,
                                 c.warmstart.tasks)
     warmstart.run(c, workdir, demos, tools)
-  cfg, params, tok = loading.load_policy(warmstart.model_config(c, workdir),
-                                         seed=c.seed)
-  trainer = trainer_lib.Trainer(c.train, workdir, cfg, params=params)
+  mesh, (cfg, params, tok) = trainer_lib.load_policy(
+      c.train, warmstart.model_config(c, workdir), seed=c.seed)
+  trainer = trainer_lib.Trainer(c.train, workdir, cfg, params=params,
+                                mesh=mesh)
+  del params  # The trainer's state holds the weights.
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))
   sampler = make_sampler(distributed.local_copy(trainer.policy_params()),

@@ -61,8 +61,13 @@ def _borrows_policy(jc) -> bool:
 
 
 def _judge(jc, tasks, policy, *, name="judge", cache_path=""):
-  """The judge block `jc` describes (`name`: its key in the config)."""
-  model = policy if _borrows_policy(jc) and policy is not None else None
+  """The judge block `jc` describes (`name`: its key in the config). One
+  that borrows the policy gets this host's copy of its weights: each host
+  judges its own share."""
+  model = None
+  if _borrows_policy(jc) and policy is not None:
+    cfg, params, tok = policy
+    model = (cfg, distributed.local_copy(params), tok)
   return judges.make_judge(jc, tasks=tasks, model=model, name=name,
                            default_cache_path=cache_path)
 
@@ -245,17 +250,18 @@ def run_rl(c, workdir):
 def _rl(c, workdir):
   work = pathlib.Path(workdir) / c.rl_name
   units = _units(c, workdir)
-  cfg, params, tok = policy = loading.load_policy(_base(c, workdir),
-                                                 seed=c.seed)
+  tc = c.rl_train
+  mesh, policy = trainer_lib.load_policy(tc, _base(c, workdir), seed=c.seed)
+  cfg, params, tok = policy
   s = stage2.Stage2Config.from_config(c.stage2)
   reward = _judge(c.reward, _tasks(c, "train"), policy, name="reward")
-  tc = c.rl_train
-  trainer = trainer_lib.Trainer(tc, str(work), cfg, params=params)
+  trainer = trainer_lib.Trainer(tc, str(work), cfg, params=params, mesh=mesh)
   sampler = Sampler(distributed.local_copy(trainer.policy_params()), cfg,
                     tok, SamplerConfig.from_config(c.sampler))
   ref_fn = ref_params = None
   if tc.loss.kl_coef > 0:  # The frozen initial policy, for the KL term.
-    ref_params = loading.load_policy(_base(c, workdir), seed=c.seed)[1]
+    ref_params = loading.load_policy(_base(c, workdir), mesh=trainer.mesh,
+                                     seed=c.seed)[1]
     ref_fn = step_lib.make_logprob_fn(cfg, trainer.mesh,
                                       trainer.shardings.params)
   probe = probes.Probe.for_trainer(trainer)  # One jitted forward, reused.
@@ -288,8 +294,9 @@ def run_sft(c, workdir):
   with registry.forbidden("the SFT baseline trains on saved steps"):
     work = pathlib.Path(workdir) / "sft"
     units = _units(c, workdir)
-    cfg, params, tok = loading.load_policy(_base(c, workdir), seed=c.seed)
     tc = ml_collections.ConfigDict(c.sft_train.to_dict())
+    mesh, (cfg, params, tok) = trainer_lib.load_policy(
+        tc, _base(c, workdir), seed=c.seed)
     tc.export_hf = True  # Evaluation loads the policy from <workdir>/sft/hf.
     mb = tc.mini_batch_size or 1
 
@@ -299,7 +306,7 @@ def run_sft(c, workdir):
         yield stage2.sft_batch(part, mini_batch_size=mb,
                                max_len=c.stage2.max_len)
 
-    trainer_lib.train(tc, str(work), cfg, batches, params=params,
+    trainer_lib.train(tc, str(work), cfg, batches, params=params, mesh=mesh,
                       tokenizer=tok)
     return str(work / "hf")
 

@@ -5,7 +5,8 @@ differ in how batches are made. Offline jobs hand `train` a batch source;
 online ones (SimpleTIR samples with the current policy between updates) use
 `Trainer` directly:
 
-  trainer = Trainer(config.train, workdir, model_cfg, params=params)
+  mesh, (cfg, params, tok) = load_policy(config.train, config.model)
+  trainer = Trainer(config.train, workdir, cfg, params=params, mesh=mesh)
   while trainer.step < config.train.num_steps:
     batch = make_rollouts(trainer.policy_params())
     trainer.update(batch)
@@ -22,6 +23,7 @@ from jax.sharding import Mesh
 
 from swirl_jax import distributed
 from swirl_jax import sharding as shd
+from swirl_jax.models import loading
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.training import checkpoint as ckpt_lib
 from swirl_jax.training import defaults
@@ -157,6 +159,19 @@ class Trainer:
       self.ckpt.save(self.state, force=True)
     self.ckpt.close()
     self.writer.close()
+
+
+def load_policy(config, model_block, *, seed: int = 0,
+                rules=shd.DEFAULT_RULES):
+  """`(mesh, (cfg, params, tokenizer))`: the policy `model_block` describes,
+  each leaf loaded straight into its shard on the mesh a trainer with
+  `config` uses (never a whole copy on one device). Hand both on:
+  `Trainer(config, workdir, cfg, params=params, mesh=mesh)`; load a frozen
+  reference model the same way, with that mesh."""
+  mesh = shd.make_mesh(defaults.resolve_mesh(
+      config.mesh, defaults.preset_params(model_block)))
+  return mesh, loading.load_policy(model_block, mesh=mesh, rules=rules,
+                                   seed=seed)
 
 
 def train(config, workdir: str, model_cfg: ModelConfig, batches: BatchSource,
