@@ -49,6 +49,7 @@ def get_config(arg=None):
   c.prompts_per_step, c.grpo.group_size = 16, 8
   c.grpo.accuracy_band = (0.1, 0.9)  # SimpleTIR's.
   c.num_iterations = 16
+  c.void_grad_every = 2  # The void rows' gradient vs the kept rows'.
   c.rollout.update(max_turns=5, max_new_tokens=48, max_response_tokens=320)
   c.max_seq_len = c.sampler.max_cache_len = 768
   t = c.train
@@ -62,6 +63,7 @@ def get_config(arg=None):
     c.prompts_per_step, c.grpo.group_size = 2, 4
     c.grpo.update(accuracy_band=(0.0, 1.0), drop_zero_variance=False)
     c.num_iterations = 2
+    c.void_grad_every = 0
     c.rollout.update(max_turns=2, max_new_tokens=24)
     t.mini_batch_size = 8
   t.num_steps = 0  # Derived at job start (simpletir.train.resolve).

@@ -48,6 +48,9 @@ def get_config(arg=None):
                 mask_overlong=True, drop_zero_variance=True,
                 accuracy_band=(0.1, 0.9), use_std=True)
   c.sampler = dict(max_cache_len=16384)
+  # Every N iterations (0: off), the gradient norm of the void rows alone
+  # vs the kept rows alone: one extra backward on the iteration's batch.
+  c.void_grad_every = 0
   # Job `simpletir_eval` (--config.job=simpletir_eval): 10 turns, k samples.
   c.eval = dict(datasets=("math500", "aime:2024", "aime:2025", "gsm8k:test"),
                 k=16, max_turns=10, temperature=1.0, limit=0)
