@@ -354,3 +354,30 @@ def test_policy_params_merge_compiles_once(tmp_path):
   want = jax.device_get(t.state.frozen)["layers"]["attn"]["q"]
   np.testing.assert_allclose(merged[-1]["layers"]["attn"]["q"], want)
   t.close(save=False)
+
+
+def test_sampling_params_are_a_compute_dtype_copy(tmp_path):
+  """fp32 master weights, bf16 compute: the sampler reads a bf16 copy laid
+  out as the params (one program, compiled once); with fp32 compute it
+  reads the trainer's own arrays."""
+  config = make_config(checkpoint_every=1000, tensorboard=False)
+  cfg = presets.get_preset("tiny", dtype="bfloat16", param_dtype="float32")
+  t = trainer.Trainer(config, str(tmp_path / "bf16"), cfg,
+                      params=host_params(cfg))
+  copies = [t.sampling_params()]
+  size = trainer._cast_floats._cache_size()  # pylint: disable=protected-access
+  copies.append(t.sampling_params())
+  assert trainer._cast_floats._cache_size() == size  # pylint: disable=protected-access
+  master = t.policy_params()
+  for got, want in zip(jax.tree.leaves(copies[-1]), jax.tree.leaves(master)):
+    assert got.dtype == jax.numpy.bfloat16 and want.dtype == np.float32
+    assert got.sharding.is_equivalent_to(want.sharding, got.ndim)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(
+        jax.numpy.asarray(want).astype(jax.numpy.bfloat16), np.float32))
+  t.close(save=False)
+  cfg32 = presets.get_preset("tiny")
+  t = trainer.Trainer(config, str(tmp_path / "fp32"), cfg32,
+                      params=host_params(cfg32))
+  assert all(a is b for a, b in zip(jax.tree.leaves(t.sampling_params()),
+                                    jax.tree.leaves(t.policy_params())))
+  t.close(save=False)

@@ -256,7 +256,7 @@ def _rl(c, workdir):
   s = stage2.Stage2Config.from_config(c.stage2)
   reward = _judge(c.reward, _tasks(c, "train"), policy, name="reward")
   trainer = trainer_lib.Trainer(tc, str(work), cfg, params=params, mesh=mesh)
-  sampler = Sampler(distributed.local_copy(trainer.policy_params()), cfg,
+  sampler = Sampler(distributed.local_copy(trainer.sampling_params()), cfg,
                     tok, SamplerConfig.from_config(c.sampler))
   ref_fn = ref_params = None
   if tc.loss.kl_coef > 0:  # The frozen initial policy, for the KL term.
@@ -271,7 +271,7 @@ def _rl(c, workdir):
                                                c.seed, trainer.data_pos):
       if it >= c.rl_iterations:
         break
-      sampler.params = distributed.local_copy(trainer.policy_params())
+      sampler.params = distributed.local_copy(trainer.sampling_params())
       actions, rewards = stage2.unpack(distributed.run_shared(
           lambda part: stage2.sample_and_score(  # pylint: disable=cell-var-from-loop
               sampler, reward, part, s, seed=c.seed * 7919 + it),

@@ -13,11 +13,13 @@ online ones (SimpleTIR samples with the current policy between updates) use
   trainer.close()
 """
 
+import functools
 import itertools
 import pathlib
 from typing import Callable, Iterable, Iterator
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
@@ -143,6 +145,18 @@ class Trainer:
     for every call; a fresh copy then)."""
     return self.state.model_params(self.lora_cfg)
 
+  def sampling_params(self):
+    """What the sampler reads: `policy_params()` in the model's compute
+    dtype. With fp32 master weights and bf16 compute (the accelerator
+    default) that is a bf16 copy laid out as the params, made on device by
+    one program compiled once: half the memory and the HBM traffic of
+    decode. Where the dtypes agree, `policy_params()` itself (no copy)."""
+    params = self.policy_params()
+    dtype = jnp.dtype(self.model_cfg.dtype)
+    if all(x.dtype == dtype for x in jax.tree.leaves(params)):
+      return params
+    return _cast_floats(params, dtype)
+
   def export_hf(self, path: str | None = None, tokenizer=None) -> str:
     path, state = str(path or self.workdir / "hf"), self.state
     if jax.process_count() > 1:  # Params whole on every host; 0 writes.
@@ -159,6 +173,12 @@ class Trainer:
       self.ckpt.save(self.state, force=True)
     self.ckpt.close()
     self.writer.close()
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast_floats(tree, dtype):
+  return jax.tree.map(lambda x: x.astype(dtype)
+                      if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def load_policy(config, model_block, *, seed: int = 0,
