@@ -6,13 +6,20 @@ a group of rows into one call of a compiled program (a fixed, small set:
 `trace_counts`; the shapes run: `shapes`) and reads back what it sampled.
 A row's key is fold_in(key(row seed), 0) and each token's folds in its
 position, as the `Sampler` makes them: tokens depend on the row alone.
+
+On a `Sampler` with a mesh, decode is tensor parallel: weights and KV
+heads over the mesh's 'tensor' axis, every row on every device. Rows are
+not split over the data axes: the engine moves single rows in and out of
+the cache each call, which stays a local copy only while each device
+holds every row (several data groups run one engine each, as hosts do).
 """
 
 import collections
+import contextlib
 
 import jax
 import numpy as np
-
+from swirl_jax import sharding as shd
 from swirl_jax.sampling import decoding, slots
 from swirl_jax.shapes import bucket
 
@@ -23,7 +30,12 @@ class SlotDevice:
   def __init__(self, sampler, decode_batch: int, chunk_steps: int):
     self.sampler = sampler
     self.decode_batch, self.steps = decode_batch, chunk_steps
-    self.programs = slots.programs(sampler.cfg)
+    self.mesh = sampler.mesh
+    self.rules = decoding.decode_rules(sampler.rules)
+    self.programs = slots.programs(sampler.cfg, self.mesh, self.rules)
+    self._shardings = None if self.mesh is None else decoding.param_shardings(
+        sampler.cfg, self.mesh, self.rules, split=True)
+    self._params = None
     self.limit = sampler.config.max_cache_len  # Context tokens per row.
     # Decode chunks write up to chunk_steps past a row's last token.
     self.S = self.limit + chunk_steps
@@ -34,16 +46,26 @@ class SlotDevice:
   def trace_counts(self) -> collections.Counter:
     return self.programs.trace_counts
 
+  def _on_mesh(self):
+    return (contextlib.nullcontext() if self.mesh is None
+            else shd.use_mesh(self.mesh, self.rules))
+
   def open(self, num_rows: int, max_slots: int) -> int:
-    """Allocates the cache; returns its number of rows (slots)."""
+    """Allocates the cache and lays the sampler's current params out for
+    decode (device to device; nothing when they are laid out so already);
+    returns the cache's number of rows (slots)."""
     sc = self.sampler.config
     self._M = min(max_slots, bucket(num_rows, sc.batch_buckets))
-    self._dev = slots.init(self.sampler.cfg, self._M, self.S, sc.cache_dtype)
+    self._params = self.sampler.params if self.mesh is None else \
+        jax.device_put(self.sampler.params, self._shardings)
+    with self._on_mesh():
+      self._dev = slots.init(self.sampler.cfg, self._M, self.S,
+                             sc.cache_dtype)
     self.shapes = collections.Counter()
     return self._M
 
   def close(self) -> None:
-    self._dev = None
+    self._dev = self._params = None
 
   def append(self, rows, fresh: bool) -> None:
     """Prefills (fresh) or appends each row's `obs` into its cache row, a
@@ -69,10 +91,11 @@ class SlotDevice:
     for i, r in enumerate(group):
       tokens[i, :len(r.obs)], mask[i, :len(r.obs)] = r.obs, True
       rows_A[i] = r.slot
-    self._dev = self.programs.append(
-        self.sampler.params, *self._dev, rows_A,
-        np.arange(A) < len(group) if fresh else np.zeros(A, bool),
-        tokens, mask, read_len)
+    with self._on_mesh():
+      self._dev = self.programs.append(
+          self._params, *self._dev, rows_A,
+          np.arange(A) < len(group) if fresh else np.zeros(A, bool),
+          tokens, mask, read_len)
 
   def decode(self, rows, seeds, config, stop_strings):
     """One chunk of up to `chunk_steps` steps of `rows` (each with room),
@@ -94,11 +117,12 @@ class SlotDevice:
     self.shapes["decode", R, read_len] += 1
     # pylint: disable-next=protected-access
     eos, table = self.sampler._eos, self.sampler._stop_table(stop_strings)
-    *dev, tokens, lps, num, reason = self.programs.decode(
-        self.sampler.params, *self._dev, pad([r.slot for r in rows], self._M,
-                                             np.int32),
-        pad(seeds, 0, np.uint32), sampling, max_new, eos, table, read_len,
-        steps)
+    with self._on_mesh():
+      *dev, tokens, lps, num, reason = self.programs.decode(
+          self._params, *self._dev, pad([r.slot for r in rows], self._M,
+                                        np.int32),
+          pad(seeds, 0, np.uint32), sampling, max_new, eos, table, read_len,
+          steps)
     self._dev = tuple(dev)
     tokens, lps, num, reason = jax.device_get((tokens, lps, num, reason))
     out = [(tokens[j, :num[j]].tolist(), lps[j, :num[j]].tolist(),

@@ -18,7 +18,9 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import distribution
@@ -208,3 +210,25 @@ def count_traces(counts: collections.Counter, name: str,
     counts[name] += 1  # Runs once per trace, not per call.
     return fn(*args)
   return traced
+
+
+def decode_rules(rules):
+  """`rules` with rows and the embedding dim whole: tensor-parallel
+  decode (heads, KV heads, MLP and vocab over 'tensor')."""
+  return tuple((name, None if name in ("batch", "embed") else axes)
+               for name, axes in rules)
+
+
+def param_shardings(cfg, mesh, rules, split: bool):
+  """NamedShardings of the params under `rules`; `split`: with the layers
+  as a tuple of per-layer trees (the cached path's layout)."""
+  axes = decoder.param_logical_axes(cfg)
+  shapes = decoder.abstract_params(cfg)
+  if split:
+    one = lambda x: jax.tree.map(lambda a: P(*a[1:]), x,
+                                 is_leaf=lambda a: isinstance(a, P))
+    drop = lambda x: jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), x)
+    axes = dict(axes, layers=(one(axes["layers"]),) * cfg.num_layers)
+    shapes = dict(shapes, layers=(drop(shapes["layers"]),) * cfg.num_layers)
+  return shd.tree_shardings(axes, shapes, mesh, rules)

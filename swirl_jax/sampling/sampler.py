@@ -32,7 +32,7 @@ import numpy as np
 from swirl_jax import config_lib
 from swirl_jax import distributed
 from swirl_jax import sharding as shd
-from swirl_jax.models import decoder
+from swirl_jax.models import decoder, loading
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import decoding, stops
 from swirl_jax.shapes import bucket
@@ -59,6 +59,10 @@ class SamplerConfig:
   stop_state_buckets: tuple[int, ...] = (16, 64, 256, 1024)
   keep_stop_string: bool = True  # In the returned text.
   eos_ids: tuple[int, ...] | None = None  # None: tokenizer's, else model's.
+  # Decode over this many of the host's devices, weights and KV heads over
+  # 'tensor' (every row on each); 0: all of them from 1B parameters, else
+  # one. Ignored when the Sampler is given a mesh.
+  tensor_parallel: int = 1
 
   @classmethod
   def from_config(cls, config) -> "SamplerConfig":
@@ -153,8 +157,10 @@ class Sampler:
                config: SamplerConfig = SamplerConfig(), mesh=None,
                rules=shd.DEFAULT_RULES, token_bytes=None):
     self.cfg, self.tokenizer = cfg, tokenizer
-    self.params = params
+    if mesh is None:
+      mesh = decode_mesh(config.tensor_parallel, cfg)
     self.config, self.mesh, self.rules = config, mesh, rules
+    self.params = params
     self._token_bytes_src = token_bytes
     self._token_bytes = None
     self._stop_tables: dict[tuple[str, ...], jax.Array] = {}
@@ -169,6 +175,10 @@ class Sampler:
 
   @params.setter
   def params(self, params):
+    if self.mesh is not None:  # Laid out for this mesh (device to device).
+      params = jax.device_put(params, decoding.param_shardings(
+          self.cfg, self.mesh, self.rules,
+          split=isinstance(params["layers"], (tuple, list))))
     self._params = _split_layers(params)
 
   @property
@@ -498,6 +508,21 @@ class _Programs:
                           donate_argnums=(1, 2))
     self.resize = jax.jit(counted("resize", _resize), static_argnums=1)
     self.take = jax.jit(counted("take", _take_rows))
+
+
+def decode_mesh(tensor_parallel: int, cfg: ModelConfig):
+  """The host's devices a `Sampler` decodes over (`tensor_parallel`, see
+  `SamplerConfig`), as a ('tensor',) mesh; None: one device."""
+  n = tensor_parallel
+  if n == 0:
+    n = jax.local_device_count() if loading.num_params(cfg) >= \
+        loading.BIG_MODEL_PARAMS else 1
+  if n == 1:
+    return None
+  if not 0 < n <= jax.local_device_count():
+    raise ValueError(f"sampler.tensor_parallel={tensor_parallel}: this host "
+                     f"has {jax.local_device_count()} devices")
+  return shd.make_mesh([("tensor", n)], jax.local_devices()[:n])
 
 
 _PROGRAMS: dict[tuple, _Programs] = {}

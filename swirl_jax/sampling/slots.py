@@ -30,10 +30,18 @@ from swirl_jax.sampling import decoding
 
 def init(cfg: ModelConfig, rows: int, length: int, dtype: str | None):
   """(cache, logits, stop states) of `rows` empty rows, plus one scratch
-  row (index `rows`) that batch padding reads and writes."""
+  row (index `rows`) that batch padding reads and writes. Under
+  `sharding.use_mesh` each device allocates only its shard (KV heads over
+  'tensor')."""
+  return _init(cfg, rows, length, dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _init(cfg: ModelConfig, rows: int, length: int, dtype: str | None):
   cache = decoder.init_cache(cfg, rows + 1, length, dtype)
   cache["index"] = jnp.zeros((rows + 1,), jnp.int32)
-  return (cache, jnp.zeros((rows + 1, cfg.vocab_size), jnp.float32),
+  return (decoding.constrain_cache(cache),
+          jnp.zeros((rows + 1, cfg.vocab_size), jnp.float32),
           jnp.zeros((rows + 1,), jnp.int32))
 
 
@@ -148,11 +156,13 @@ class Programs:
                           static_argnums=(10, 11), donate_argnums=(1, 2, 3))
 
 
-_PROGRAMS: dict[str, Programs] = {}
+_PROGRAMS: dict[tuple, Programs] = {}
 
 
-def programs(cfg: ModelConfig) -> Programs:
-  key = repr(cfg)  # ModelConfig is unhashable; its repr names every field.
+def programs(cfg: ModelConfig, mesh=None, rules=()) -> Programs:
+  # The mesh and rules are part of the key because model code reads them
+  # when it is traced (under `sharding.use_mesh`).
+  key = (cfg, mesh, tuple(rules))
   if key not in _PROGRAMS:
     _PROGRAMS[key] = Programs(cfg)
   return _PROGRAMS[key]
