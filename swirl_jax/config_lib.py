@@ -28,6 +28,14 @@ def check_keys(block, valid, what: str) -> None:
                       f"{', '.join(sorted(valid))}")
 
 
+class FromConfig:
+  """A config dataclass's `from_config(block)`: see `from_config`."""
+
+  @classmethod
+  def from_config(cls, block):
+    return from_config(cls, block)
+
+
 def from_config(cls, block):
   """`cls(**block)` for a dataclass; unknown keys raise ConfigError, lists
   become tuples (frozen configs stay hashable)."""

@@ -38,15 +38,11 @@ from swirl_jax.rollout.slot_device import SlotDevice
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(config_lib.FromConfig):
   slots: int = 32  # Cache rows: trajectories in flight.
   decode_batch: int = 16  # Ready rows decoded together.
   chunk_steps: int = 8  # Decode steps between host checks.
   tool_workers: int = 16  # Threads running single tool calls.
-
-  @classmethod
-  def from_config(cls, c) -> "EngineConfig":
-    return config_lib.from_config(cls, c)
 
 
 @dataclasses.dataclass

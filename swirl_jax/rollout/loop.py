@@ -25,7 +25,7 @@ from swirl_jax.tools import parsing
 from swirl_jax.tools.registry import BatchTool
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
+class RolloutConfig(config_lib.FromConfig):
   fmt: str = "swirl"  # 'swirl' | 'simpletir'
   max_turns: int = 5  # SWiRL: 5 for QA, 10 for maths; SimpleTIR: 5 / 10.
   max_new_tokens: int = 256  # Per turn.
@@ -39,10 +39,6 @@ class RolloutConfig:
     if self.fmt not in parsing.FORMATS:
       raise config_lib.ConfigError(f"unknown rollout format {self.fmt!r}; "
                                    f"valid: {', '.join(parsing.FORMATS)}")
-
-  @classmethod
-  def from_config(cls, c) -> "RolloutConfig":
-    return config_lib.from_config(cls, c)
 
 
 class ToolSet:

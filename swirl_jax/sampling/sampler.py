@@ -41,7 +41,7 @@ _POW2 = tuple(2 ** i for i in range(21))
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplerConfig:
+class SamplerConfig(config_lib.FromConfig):
   """Sizes and defaults; `from_config` reads a config block of these keys."""
   max_cache_len: int = 4096  # Slots per row, padding included.
   cache_dtype: str | None = None  # None: the model's activation dtype.
@@ -63,11 +63,6 @@ class SamplerConfig:
   # 'tensor' (every row on each); 0: all of them from 1B parameters, else
   # one. Ignored when the Sampler is given a mesh.
   tensor_parallel: int = 1
-
-  @classmethod
-  def from_config(cls, config) -> "SamplerConfig":
-    """From a dict / ConfigDict; lists become tuples, unknown keys fail."""
-    return config_lib.from_config(cls, config)
 
 
 @dataclasses.dataclass

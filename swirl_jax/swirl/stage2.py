@@ -23,7 +23,7 @@ from swirl_jax.tools import parsing
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage2Config:
+class Stage2Config(config_lib.FromConfig):
   samples_per_state: int = 4  # G.
   states_per_step: int = 16
   max_new_tokens: int = 256
@@ -31,10 +31,6 @@ class Stage2Config:
   top_p: float = 1.0
   advantage: str = "mean"  # none | mean | leave_one_out
   max_len: int = 4096
-
-  @classmethod
-  def from_config(cls, c) -> "Stage2Config":
-    return config_lib.from_config(cls, c)
 
 
 @dataclasses.dataclass
