@@ -7,23 +7,26 @@ model, tasks, seed and sandbox, in one run. The model is the SimpleTIR CPU
 demo's "mini" policy shape (random weights, the bundled vocabulary); EOS
 and stop strings are off and each turn samples exactly its replayed length
 (per-row `max_new_tokens`), so decode costs what it costs at those lengths.
-Each turn but the last runs a Python snippet in the real sandbox
-(tools/sandbox.py); the last answers (half of them through
-`final_answer(...)` in code, which runs too).
+Every tool call runs in the real sandbox (tools/sandbox.py).
 
-No recorded SimpleTIR rollout exists on disk (the CPU demo's `rollouts/`
-is written only by running the demo), so the lengths are generated from
-the demo's settings (configs/simpletir_demo.py: 5 turns, 48 new tokens a
-turn, 320 a trajectory, groups of 8): turns per trajectory 1-5 with
-weights (.2, .35, .25, .12, .08), per-turn lengths log-normal (median 18
-tokens, sigma 0.8) clipped to 4..48, so about one turn in ten is cut at
-the cap, as a small policy's are.
+Turns are replayed from a recorded SimpleTIR rollout: the last iteration
+of the CPU demo (configs/simpletir_demo.py, seed 0), kept as per-turn
+lengths and parsed actions in benchmarks/data/simpletir_demo_turns.json
+(128 trajectories, 3.6 turns and 20.5 tokens a turn on average; `--record
+ROLLOUTS_JSONL` rewrites it from another run). Each benchmark trajectory
+replays one recorded trajectory: its turns' lengths, and its code, run in
+the sandbox. `--replay=''` generates lengths instead, from the demo's
+settings (5 turns, 48 new tokens a turn, 320 a trajectory): turns per
+trajectory 1-5 with weights (.2, .35, .25, .12, .08), per-turn lengths
+log-normal (median 18 tokens, sigma 0.8) clipped to 4..48, each turn but
+the last running a Python snippet, the last answering (half of them
+through `final_answer(...)` in code).
 
 Both sides run the workload twice; the second run is timed (the first
 compiles). Prints a summary, then one JSON line.
 
   python benchmarks/rollout.py [--prompts=8] [--group=4] [--slots=32]
-      [--decode-batch=16] [--chunk-steps=8] [--temperature=0]
+      [--decode-batch=16] [--chunk-steps=8] [--temperature=0] [--replay=F]
 """
 
 import argparse
@@ -82,6 +85,48 @@ def action(traj_id: str, turn: int) -> parsing.ParsedTurn:
   return parsing.ParsedTurn("answer", answer="42")
 
 
+RECORDED = pathlib.Path(__file__).resolve().parent / "data" / \
+    "simpletir_demo_turns.json"
+
+
+def record(rollouts: str, out: str = str(RECORDED)) -> None:
+  """Writes what replaying needs of a SimpleTIR rollout file (one
+  iteration's `rollouts/iter_*.jsonl`): per trajectory, per turn, its
+  sampled length and the action it parsed to."""
+  from swirl_jax.rollout.records import Trajectory  # pylint: disable=g-import-not-at-top
+  from swirl_jax import jsonl  # pylint: disable=g-import-not-at-top
+  trajs = jsonl.read(rollouts, Trajectory.from_dict)
+  turns = [[dict(length=len(t.action_ids), tool=t.tool, argument=t.argument,
+                 answer=t.answer, void=t.void) for t in traj.turns]
+           for traj in trajs]
+  pathlib.Path(out).parent.mkdir(exist_ok=True)
+  pathlib.Path(out).write_text(json.dumps(dict(source=rollouts,
+                                               trajectories=turns)))
+
+
+def replayed(path: str, ids: list[str]):
+  """(lengths, action) replaying the recorded trajectories, the i-th on
+  the i-th of `ids` (cycling): real per-turn lengths and real code."""
+  rec = json.loads(pathlib.Path(path).read_text())["trajectories"]
+  by_id = {i: rec[k % len(rec)] for k, i in enumerate(ids)}
+
+  def lengths(traj_id, turn):
+    return max(1, by_id[traj_id][turn]["length"])
+
+  def act(traj_id, turn):
+    t = by_id[traj_id][turn]
+    if t["tool"]:
+      return parsing.ParsedTurn("call", tool=t["tool"], argument=t["argument"],
+                                final="final_answer" in (t["argument"] or ""))
+    if t["answer"] is not None:
+      return parsing.ParsedTurn("answer", answer=t["answer"])
+    if turn + 1 < len(by_id[traj_id]):  # Void here, yet it went on.
+      return parsing.ParsedTurn("call", tool=parsing.PYTHON_TOOL,
+                                argument="print(0)")
+    return parsing.ParsedTurn("void")
+  return lengths, act
+
+
 def _load():
   return os.getloadavg()[0]
 
@@ -91,7 +136,14 @@ def main(argv=None):
   common.int_flags(p, sep="-", prompts=8, group=4, slots=32, decode_batch=16,
                    chunk_steps=8)
   p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--replay", default=str(RECORDED) if RECORDED.exists()
+                 else "", help="recorded turns (`record`); '' generates them")
+  p.add_argument("--record", default="", help="write --replay's file from "
+                 "this rollouts/iter_*.jsonl and exit")
   a = p.parse_args(argv)
+  if a.record:
+    record(a.record)
+    return
 
   load_before = _load()
   cfg, params, tok = loading.load_policy(config_lib.model_config("mini", ""))
@@ -104,12 +156,16 @@ def main(argv=None):
                               temperature=a.temperature, seed=0)
   ec = engine_lib.EngineConfig(slots=a.slots, decode_batch=a.decode_batch,
                                chunk_steps=a.chunk_steps)
-  ref = replaying(loop_lib.RolloutLoop, turn_length, action)(
+  tasks = synthetic.arithmetic_tasks(a.prompts, seed=0)
+  lengths, act = turn_length, action
+  if a.replay:
+    lengths, act = replayed(a.replay, [f"{t.id}/{k}" for t in tasks
+                                       for k in range(a.group)])
+  ref = replaying(loop_lib.RolloutLoop, lengths, act)(
       sampler, tok, tools, rc)
-  eng = replaying(engine_lib.RolloutEngine, turn_length, action)(
+  eng = replaying(engine_lib.RolloutEngine, lengths, act)(
       sampler, tok, tools, rc, ec)
   ref.stops = eng.stops = ()  # Lengths are replayed, not stopped.
-  tasks = synthetic.arithmetic_tasks(a.prompts, seed=0)
   out = {}
   for name, runner in (("lockstep", ref), ("engine", eng)):
     runner.run(tasks, samples_per_task=a.group)  # Compiles.
@@ -137,7 +193,7 @@ def main(argv=None):
       turns=float(np.mean([len(t.turns) for t in et])),
       engine_programs=dict(eng.trace_counts),
       slots=a.slots, decode_batch=a.decode_batch, chunk_steps=a.chunk_steps,
-      temperature=a.temperature, load_before=load_before,
+      temperature=a.temperature, replay=a.replay, load_before=load_before,
       load_after=_load(), sandbox_isolation=registry.sandbox.Sandbox(
       ).isolation)
   print(f"lock-step {lm['wall_s']:.2f}s ({lm['tokens_per_s']:.0f} tok/s, "
