@@ -186,6 +186,21 @@ def _tiny_config(workdir_filter="none"):
   return c
 
 
+def test_stage2_with_the_policy_as_reward_model(tmp_path):
+  """A model reward judge without a checkpoint is the initial policy,
+  frozen: it keeps scoring after the trainer's steps have donated the
+  weights it started from."""
+  c = _tiny_config()
+  c.stages = ("stage1", "filter", "rl")
+  c.reward.kind = "model"
+  c.reward.model.checkpoint = ""
+  jobs.run_pipeline(c, str(tmp_path))
+  lines = [json.loads(l) for l in open(tmp_path / "rl" / "metrics.jsonl")]
+  assert len(lines) == 2
+  # P(GOOD) from a random tiny model: strictly between 0 and 1.
+  assert all(0 < l["reward"] < 1 for l in lines)
+
+
 def test_end_to_end_tiny(tmp_path, monkeypatch):
   """Every job in one workdir: stage 1, filter, stage 2, SFT, evaluation;
   stage 2 and SFT run no tool."""

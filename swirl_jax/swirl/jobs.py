@@ -61,13 +61,10 @@ def _borrows_policy(jc) -> bool:
 
 
 def _judge(jc, tasks, policy, *, name="judge", cache_path=""):
-  """The judge block `jc` describes (`name`: its key in the config). One
-  that borrows the policy gets this host's copy of its weights: each host
-  judges its own share."""
-  model = None
-  if _borrows_policy(jc) and policy is not None:
-    cfg, params, tok = policy
-    model = (cfg, distributed.local_copy(params), tok)
+  """The judge block `jc` describes (`name`: its key in the config); one
+  that borrows the policy judges with `policy`, a copy of this host's own
+  (each host judges its share)."""
+  model = policy if _borrows_policy(jc) and policy is not None else None
   return judges.make_judge(jc, tasks=tasks, model=model, name=name,
                            default_cache_path=cache_path)
 
@@ -251,16 +248,21 @@ def _rl(c, workdir):
   work = pathlib.Path(workdir) / c.rl_name
   units = _units(c, workdir)
   tc = c.rl_train
-  mesh, policy = trainer_lib.load_policy(tc, _base(c, workdir), seed=c.seed)
-  cfg, params, tok = policy
+  base = _base(c, workdir)
+  mesh, (cfg, params, tok) = trainer_lib.load_policy(tc, base, seed=c.seed)
   s = stage2.Stage2Config.from_config(c.stage2)
-  reward = _judge(c.reward, _tasks(c, "train"), policy, name="reward")
+  # A reward model borrowing the policy is the initial policy, frozen: its
+  # own copy on this host (the trainer's weights are donated to its state).
+  judged_by = (loading.load_policy(base, mesh=loading.host_mesh(base),
+                                   seed=c.seed)
+               if _borrows_policy(c.reward) else None)
+  reward = _judge(c.reward, _tasks(c, "train"), judged_by, name="reward")
   trainer = trainer_lib.Trainer(tc, str(work), cfg, params=params, mesh=mesh)
   sampler = Sampler(distributed.local_copy(trainer.sampling_params()), cfg,
                     tok, SamplerConfig.from_config(c.sampler))
   ref_fn = ref_params = None
   if tc.loss.kl_coef > 0:  # The frozen initial policy, for the KL term.
-    ref_params = loading.load_policy(_base(c, workdir), mesh=trainer.mesh,
+    ref_params = loading.load_policy(base, mesh=trainer.mesh,
                                      seed=c.seed)[1]
     ref_fn = step_lib.make_logprob_fn(cfg, trainer.mesh,
                                       trainer.shardings.params)
