@@ -112,7 +112,13 @@ def bad_shapes_scenario() -> None:
   # Host 1 ended up with longer rows (as after a sandbox timeout).
   length = 16 if jax.process_index() == 0 else 24
   local = {"tokens": np.zeros((4, length), np.int32)}
+  _checking()
   distributed.global_batch(local, NamedSharding(mesh, P("data")))
+
+
+def _checking() -> None:
+  """Marks when the check starts: the test times the check, not start-up."""
+  print(f"CHECKING_AT {time.time()}", flush=True)
 
 
 def bad_train_batch_scenario() -> None:
@@ -123,7 +129,9 @@ def bad_train_batch_scenario() -> None:
   length = 16 if jax.process_index() == 0 else 24
   batch = {"tokens": np.zeros((8, length), np.int32),
            "loss_mask": np.ones((8, length), np.int32)}
-  step_lib.place_batch(batch, step_lib.batch_sharding(mesh, 8))
+  rows = step_lib.batch_sharding(mesh, 8)
+  _checking()
+  step_lib.place_batch(batch, rows)
 
 
 def _scripted_pairs(loop_cls, pause_s=0.0):
