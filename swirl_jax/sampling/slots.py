@@ -28,16 +28,12 @@ from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import decoding
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def init(cfg: ModelConfig, rows: int, length: int, dtype: str | None):
   """(cache, logits, stop states) of `rows` empty rows, plus one scratch
   row (index `rows`) that batch padding reads and writes. Under
   `sharding.use_mesh` each device allocates only its shard (KV heads over
   'tensor')."""
-  return _init(cfg, rows, length, dtype)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _init(cfg: ModelConfig, rows: int, length: int, dtype: str | None):
   cache = decoder.init_cache(cfg, rows + 1, length, dtype)
   cache["index"] = jnp.zeros((rows + 1,), jnp.int32)
   return (decoding.constrain_cache(cache),
