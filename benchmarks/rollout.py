@@ -23,22 +23,45 @@ the last running a Python snippet, the last answering (half of them
 through `final_answer(...)` in code).
 
 Both sides run the workload twice; the second run is timed (the first
-compiles). Prints a summary, then one JSON line.
+compiles, and the engine precompiles its whole program set);
+`timed_compiles` counts the XLA compiles inside the timed runs. Then each
+side runs once more with every observation replayed from the timed run
+(same trajectories, tools taking no time): the engine's wall time there is
+a floor for its wall time with tools. Where tools and decode share the
+machine's cores, its CPU time plus the tools' (`tools_cpu_s`: the
+sandboxes' CPU seconds in the lock-step run, read from /proc/stat) over
+the cores is another floor; with `--split-cores`, the tools' CPU time over
+their cores is. `ceiling_speedup` is the lock-step wall time over the higher floor
+that applies: the most the engine could gain in this run. `--split-cores`
+runs decode on one core and the sandboxes on the others, as decode runs
+on the chip and tools on the host's CPUs on an accelerator host.
+Prints a summary, then one JSON line.
 
   python benchmarks/rollout.py [--prompts=8] [--group=4] [--slots=32]
       [--decode-batch=16] [--chunk-steps=8] [--temperature=0] [--replay=F]
+      [--split-cores]
 """
 
 import argparse
 import json
 import os
 import pathlib
+import resource
 import sys
 import zlib
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import numpy as np  # pylint: disable=g-import-not-at-top
+# --split-cores pins this process (XLA's threads with it) to one core
+# before jax starts, and the sandboxes to the others.
+_CPUS = sorted(os.sched_getaffinity(0))
+DECODE_CPUS, TOOL_CPUS = set(_CPUS), ()
+if "--split-cores" in sys.argv and len(_CPUS) > 1:
+  DECODE_CPUS, TOOL_CPUS = {_CPUS[0]}, tuple(_CPUS[1:])
+  os.sched_setaffinity(0, DECODE_CPUS)
+
+import jax  # pylint: disable=g-import-not-at-top
+import numpy as np
 
 from swirl_jax import config_lib
 from swirl_jax.models import loading
@@ -131,6 +154,64 @@ def _load():
   return os.getloadavg()[0]
 
 
+class Compiles:
+  """Counts XLA compiles (any program, either side) as they happen."""
+
+  def __init__(self):
+    self.n = 0
+    jax.monitoring.register_event_duration_secs_listener(self._event)
+
+  def _event(self, name, _, **__):
+    self.n += name == "/jax/core/compile/backend_compile_duration"
+
+
+def _cpu_s() -> float:
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
+
+
+def _machine_cpu_s() -> float:
+  """CPU seconds the whole machine has been busy (/proc/stat). The
+  sandboxes' own time is not in this process's children's rusage: the
+  processes inside bubblewrap's PID namespace are reaped there."""
+  with open("/proc/stat") as f:
+    ticks = [int(x) for x in f.readline().split()[1:]]
+  return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(runner, tasks, group, compiles):
+  """One rollout: (trajectories, metrics), the metrics with the compiles
+  it ran, this process's CPU seconds and everything else's on the machine
+  (its tools' on a quiet machine)."""
+  n, me, all_ = compiles.n, _cpu_s(), _machine_cpu_s()
+  trajs = runner.run(tasks, samples_per_task=group)
+  cpu = _cpu_s() - me
+  m = dict(runner.metrics, compiles=compiles.n - n, cpu_s=cpu,
+           others_cpu_s=_machine_cpu_s() - all_ - cpu)
+  return trajs, m
+
+
+class Recorded:
+  """The tools, recording each call's observation; `canned` replays them
+  without running anything (a rollout whose tools take no time)."""
+
+  def __init__(self, tools):
+    self.tools, self.seen = tools, {}
+
+  def live(self):
+    def call(name):
+      def run(args):
+        out = self.tools[name](args)
+        self.seen.update(((name, a), o) for a, o in zip(args, out))
+        return out
+      return run
+    return {name: call(name) for name in self.tools}
+
+  def canned(self):
+    return {name: (lambda args, name=name: [self.seen[name, a] for a in args])
+            for name in self.tools}
+
+
 def main(argv=None):
   p = argparse.ArgumentParser()
   common.int_flags(p, sep="-", prompts=8, group=4, slots=32, decode_batch=16,
@@ -140,45 +221,74 @@ def main(argv=None):
                  else "", help="recorded turns (`record`); '' generates them")
   p.add_argument("--record", default="", help="write --replay's file from "
                  "this rollouts/iter_*.jsonl and exit")
+  p.add_argument("--split-cores", action="store_true",
+                 help="decode on one core, sandboxes on the others (as on "
+                 "an accelerator host, where tools do not take the "
+                 "decoder's compute)")
   a = p.parse_args(argv)
   if a.record:
     record(a.record)
     return
 
-  load_before = _load()
+  load_before, compiles = _load(), Compiles()
   cfg, params, tok = loading.load_policy(config_lib.model_config("mini", ""))
   sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=768,
                                                     eos_ids=()))
-  tools = registry.build_tools(("python",))
+  tools = Recorded(registry.build_tools(("python",),
+                                        sandbox_cpus=TOOL_CPUS))
   rc = loop_lib.RolloutConfig(fmt="simpletir", max_turns=MAX_TURNS,
                               max_new_tokens=MAX_NEW,
                               max_response_tokens=MAX_RESPONSE,
                               temperature=a.temperature, seed=0)
   ec = engine_lib.EngineConfig(slots=a.slots, decode_batch=a.decode_batch,
-                               chunk_steps=a.chunk_steps)
+                               chunk_steps=a.chunk_steps, precompile=True)
   tasks = synthetic.arithmetic_tasks(a.prompts, seed=0)
   lengths, act = turn_length, action
   if a.replay:
     lengths, act = replayed(a.replay, [f"{t.id}/{k}" for t in tasks
                                        for k in range(a.group)])
   ref = replaying(loop_lib.RolloutLoop, lengths, act)(
-      sampler, tok, tools, rc)
+      sampler, tok, tools.live(), rc)
   eng = replaying(engine_lib.RolloutEngine, lengths, act)(
-      sampler, tok, tools, rc, ec)
+      sampler, tok, tools.live(), rc, ec)
   ref.stops = eng.stops = ()  # Lengths are replayed, not stopped.
-  out = {}
+  out, alone = {}, {}
   for name, runner in (("lockstep", ref), ("engine", eng)):
     runner.run(tasks, samples_per_task=a.group)  # Compiles.
-    out[name] = (runner.run(tasks, samples_per_task=a.group), runner.metrics)
+    out[name] = timed(runner, tasks, a.group, compiles)
+  for name, runner in (("lockstep", ref), ("engine", eng)):
+    runner.toolset = loop_lib.ToolSet(tools.canned())
+    alone[name] = timed(runner, tasks, a.group, compiles)[1]
   (lt, lm), (et, em) = out["lockstep"], out["engine"]
   same = all(np.array_equal(x.token_sequence()[0], y.token_sequence()[0])
              for x, y in zip(lt, et)) and len(lt) == len(et)
+  cores = len(DECODE_CPUS | set(TOOL_CPUS))
+  # The lock-step run's CPU time outside this process, less that of its
+  # tool-free rerun (background): the sandboxes'.
+  lm["tools_cpu_s"] = max(0.0, lm["others_cpu_s"]
+                          - alone["lockstep"]["others_cpu_s"])
+  # The engine's wall time cannot go below its decode alone (tools taking
+  # no time), nor below the tools' CPU time over their cores; where tools
+  # and decode share the cores, nor below both CPU times over them.
+  floor_free = alone["engine"]["wall_s"]
+  if a.split_cores:
+    floor = max(floor_free, lm["tools_cpu_s"] / len(TOOL_CPUS))
+  else:
+    floor = max(floor_free, (alone["engine"]["cpu_s"] + lm["tools_cpu_s"])
+                / cores)
   res = dict(
       speedup=lm["wall_s"] / em["wall_s"],
       slot_utilisation=em["slot_utilisation"],
       lockstep_slot_utilisation=lm["slot_utilisation"],
       same_tokens=bool(same),
       lockstep_wall_s=lm["wall_s"], engine_wall_s=em["wall_s"],
+      ceiling_speedup=lm["wall_s"] / floor,
+      ceiling_speedup_tools_free=lm["wall_s"] / floor_free,
+      lockstep_decode_alone_s=alone["lockstep"]["wall_s"],
+      engine_decode_alone_s=floor_free,
+      engine_decode_alone_cpu_s=alone["engine"]["cpu_s"],
+      tools_cpu_s=lm["tools_cpu_s"],
+      timed_compiles=lm["compiles"] + em["compiles"],
       lockstep_tokens_per_s=lm["tokens_per_s"],
       engine_tokens_per_s=em["tokens_per_s"],
       lockstep_tool_wait_s=lm["tool_wait_s"],
@@ -193,14 +303,17 @@ def main(argv=None):
       turns=float(np.mean([len(t.turns) for t in et])),
       engine_programs=dict(eng.trace_counts),
       slots=a.slots, decode_batch=a.decode_batch, chunk_steps=a.chunk_steps,
-      temperature=a.temperature, replay=a.replay, load_before=load_before,
+      temperature=a.temperature, replay=a.replay,
+      split_cores=a.split_cores, decode_cpus=sorted(DECODE_CPUS),
+      tool_cpus=list(TOOL_CPUS), load_before=load_before,
       load_after=_load(), sandbox_isolation=registry.sandbox.Sandbox(
       ).isolation)
   print(f"lock-step {lm['wall_s']:.2f}s ({lm['tokens_per_s']:.0f} tok/s, "
         f"utilisation {lm['slot_utilisation']:.0%}); engine "
         f"{em['wall_s']:.2f}s ({em['tokens_per_s']:.0f} tok/s, utilisation "
-        f"{em['slot_utilisation']:.0%}); speedup {res['speedup']:.2f}x; "
-        f"same tokens: {same}")
+        f"{em['slot_utilisation']:.0%}); speedup {res['speedup']:.2f}x of a "
+        f"ceiling {res['ceiling_speedup']:.2f}x; same tokens: {same}; "
+        f"compiles while timed: {res['timed_compiles']}")
   print(json.dumps(res))
 
 

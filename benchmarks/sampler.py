@@ -7,7 +7,10 @@ call that compiles. The peer is `transformers` `generate` on PyTorch, on the
 same weights exported with `hf_io.export_hf_dir`, on 2 threads. Also times
 `extend` with a 64-token observation after 256 and after 2,048 tokens of
 context: earlier context is not recomputed (that would cost ~33x the
-projections), so what grows is attention over the longer cache alone.
+projections), so what grows is attention over the longer cache alone;
+`extend_flop_ratio` is the ratio of the two extends' FLOPs, the floor the
+measured `extend_ratio` would reach were attention as fast a FLOP as the
+projections.
 Also reports a ceiling: the tokens/s if every matmul ran at the rate this
 machine's XLA gives a matmul of its shape (`ceiling_tok_s`).
 
@@ -146,6 +149,18 @@ def bench_extend(sampler, context: int, obs_len: int, batch: int,
   return 1000 * min(times)
 
 
+def extend_flops(cfg, params, context: int, obs_len: int) -> float:
+  """FLOPs of one row's `extend`: 2 per weight per token, attention's QK
+  and PV products over the context and the observation's causal prefix,
+  and the last position's logits. The ratio at two contexts is the floor
+  of `extend_ratio` were every FLOP as fast as every other."""
+  layers = sum(x.size for x in jax.tree.leaves(params["layers"]))
+  attn = 4 * cfg.num_heads * cfg.head_dim * cfg.num_layers
+  keys = obs_len * context + obs_len * (obs_len + 1) // 2
+  return (2 * layers * obs_len + attn * keys
+          + 2 * cfg.vocab_size * cfg.hidden_size)
+
+
 _TUNIX_SCRIPT = textwrap.dedent("""
     import dataclasses, json, sys, time
     import numpy as np
@@ -243,7 +258,10 @@ def main():
             "extend_batch": args.extend_batch,
             "extend_ms_256": round(ext[256], 1),
             "extend_ms_2048": round(ext[2048], 1),
-            "extend_ratio": round(ext[2048] / ext[256], 2)}
+            "extend_ratio": round(ext[2048] / ext[256], 2),
+            "extend_flop_ratio": round(extend_flops(cfg, params, 2048, 64)
+                                       / extend_flops(cfg, params, 256, 64),
+                                       2)}
   result.update(ceiling_tok_s(cfg, params, args.batch, args.prompt_len,
                               args.new_tokens))
   result["ceiling_ratio"] = round(result["ceiling_tok_s"] / peer, 2)

@@ -15,3 +15,13 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
       return b
   last = max(buckets)
   return last * math.ceil(n / last)
+
+
+def buckets_upto(n: int, buckets: Sequence[int]) -> list[int]:
+  """Every value `min(bucket(x, buckets), n)` takes for 1 <= x <= n: the
+  shapes a size capped at n can have (what to compile ahead)."""
+  out, x = [], 1
+  while x <= n:
+    out.append(min(bucket(x, buckets), n))
+    x = out[-1] + 1
+  return out

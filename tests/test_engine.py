@@ -2,6 +2,7 @@
 masks under greedy and seeded sampling, tools running beside decode, a
 fixed set of compiled programs, attention over the live prefix."""
 
+import dataclasses
 import zlib
 
 import jax
@@ -149,6 +150,34 @@ def test_fixed_programs_and_live_prefix(tiny, calc_tools):
   assert sum(before.values()) <= 8, before
   longest = max(k[-1] for k in eng.shapes)
   assert longest <= 384 < eng.device.S
+
+
+def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
+  """With `precompile`, the first rollout compiles the whole fixed set
+  (appends: piece buckets x read lengths at the decode batch; decode: row
+  buckets x read lengths) before it starts, and no rollout compiles more;
+  a prompt longer than a piece is appended in pieces, with the same
+  tokens as the lock-step loop's one prefill."""
+  cfg, params, tok, _ = tiny
+  sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=512))
+  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
+                              temperature=1.0, seed=3)
+  ec = engine_lib.EngineConfig(slots=3, decode_batch=2, chunk_steps=4,
+                               append_tokens=32, precompile=True)
+  ref, eng = _pair((cfg, params, tok, sampler), calc_tools, rc, engine=ec)
+  before = sum(eng.trace_counts.values())
+  tasks = synthetic.arithmetic_tasks(3, seed=8)
+  _same(ref.run(tasks), eng.run(tasks))
+  read_lens = eng.device.read_lens()
+  assert read_lens == [256, 384, 512, 516]
+  # Pieces of 16 or 32 tokens; 1 or 2 decode rows.
+  assert sum(eng.trace_counts.values()) - before == len(read_lens) * 4
+  assert max(k[2] for k in eng.shapes if k[0] == "append") == 32
+  assert min(len(t.prompt_ids) for t in ref.run(tasks)) > 32
+  after = dict(eng.trace_counts)
+  eng.config = dataclasses.replace(rc, seed=11)
+  eng.run(synthetic.arithmetic_tasks(3, seed=9))
+  assert dict(eng.trace_counts) == after
 
 
 def test_tools_run_while_others_decode(tiny):

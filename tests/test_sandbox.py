@@ -45,6 +45,14 @@ def test_error_gives_last_stderr_line(sb):
   assert r.stderr_last_line.startswith("SyntaxError")
 
 
+def test_snippets_run_on_the_cpus_asked_for():
+  last = max(os.sched_getaffinity(0))
+  r = Sandbox(cpus=(last,)).run("import os\nprint(sorted("
+                                "os.sched_getaffinity(0)))")
+  assert r.ok, r
+  assert r.stdout == f"[{last}]\n"
+
+
 def test_runs_as_unprivileged_uid(sb):
   r = sb.run("import os\nprint(os.getuid(), os.geteuid())\n"
              "print(open('/proc/self/uid_map').read())")

@@ -43,6 +43,10 @@ class EngineConfig(config_lib.FromConfig):
   decode_batch: int = 16  # Ready rows decoded together.
   chunk_steps: int = 8  # Decode steps between host checks.
   tool_workers: int = 16  # Threads running single tool calls.
+  append_tokens: int = 64  # Prompt/observation tokens per append call.
+  # Compile every program a rollout can call when the cache is first
+  # allocated, so none compiles mid-rollout (`SlotDevice.precompile`).
+  precompile: bool = False
 
 
 @dataclasses.dataclass
@@ -79,8 +83,9 @@ class RolloutEngine(loop.RolloutLoop):
                        f"1..slots ({engine.slots})")
     self.engine = engine
     make = getattr(sampler, "rollout_device", None)
-    self.device = (make or functools.partial(SlotDevice, sampler))(
-        engine.decode_batch, engine.chunk_steps)
+    self.device = (make or functools.partial(
+        SlotDevice, sampler, append_tokens=engine.append_tokens))(
+            engine.decode_batch, engine.chunk_steps)
 
   @property
   def trace_counts(self) -> collections.Counter:
@@ -107,6 +112,8 @@ class RolloutEngine(loop.RolloutLoop):
       self._check_prompt(r)
     self._stats, t0 = collections.Counter(), time.perf_counter()
     free = list(range(self.device.open(len(rows), self.engine.slots)))
+    if self.engine.precompile:
+      self.device.precompile(self.config, self.stops)
     pending, live, started = collections.deque(rows), [], []
     futures: dict[concurrent.futures.Future, tuple] = {}
     with concurrent.futures.ThreadPoolExecutor(

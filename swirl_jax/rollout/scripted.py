@@ -116,6 +116,9 @@ class ScriptedDevice:
   def close(self) -> None:
     pass
 
+  def precompile(self, config, stop_strings) -> None:
+    del config, stop_strings  # No programs.
+
   def append(self, rows, fresh: bool) -> None:
     if not fresh:
       self.sampler.extended.append([list(r.obs) for r in rows])

@@ -21,15 +21,20 @@ import jax
 import numpy as np
 from swirl_jax import sharding as shd
 from swirl_jax.sampling import decoding, slots
-from swirl_jax.shapes import bucket
+from swirl_jax.shapes import bucket, buckets_upto
 
 
 class SlotDevice:
   """`Sampler` (params, sizes, stop tables, token texts) on cache rows."""
 
-  def __init__(self, sampler, decode_batch: int, chunk_steps: int):
+  def __init__(self, sampler, decode_batch: int, chunk_steps: int,
+               append_tokens: int = 64):
     self.sampler = sampler
     self.decode_batch, self.steps = decode_batch, chunk_steps
+    # Appends go in pieces of at most this many tokens (a long prompt or
+    # observation takes several calls): the append programs are one per
+    # (piece bucket, read_len), not one per prompt length.
+    self.append_tokens = append_tokens
     self.mesh = sampler.mesh
     self.rules = decoding.decode_rules(sampler.rules)
     self.programs = slots.programs(sampler.cfg, self.mesh, self.rules)
@@ -41,6 +46,7 @@ class SlotDevice:
     self.S = self.limit + chunk_steps
     self.shapes = collections.Counter()  # (program, rows, ..., read_len).
     self._dev, self._M = None, 0
+    self._precompiled = set()  # (cache rows, stop strings) compiled for.
 
   @property
   def trace_counts(self) -> collections.Counter:
@@ -69,33 +75,73 @@ class SlotDevice:
 
   def append(self, rows, fresh: bool) -> None:
     """Prefills (fresh) or appends each row's `obs` into its cache row, a
-    decode batch at a time; row lengths are the engine's to update."""
+    decode batch of rows and `append_tokens` tokens at a time; row lengths
+    are the engine's to update."""
+    C = self.append_tokens
     for lo in range(0, len(rows), self.decode_batch):
-      self._append(rows[lo:lo + self.decode_batch], fresh)
+      group = rows[lo:lo + self.decode_batch]
+      for k in range(0, max(len(r.obs) for r in group), C):
+        part = [r for r in group if len(r.obs) > k]
+        self._append(part, [r.obs[k:k + C] for r in part],
+                     [(0 if fresh else r.length) + k for r in part],
+                     fresh and k == 0)
 
-  def _append(self, group, fresh: bool) -> None:
-    sc = self.sampler.config
-    T = bucket(max(len(r.obs) for r in group), sc.length_buckets)
-    start = [0 if fresh else r.length for r in group]
+  def _piece_len(self, n: int) -> int:
+    return bucket(n, [b for b in self.sampler.config.length_buckets
+                      if b < self.append_tokens] + [self.append_tokens])
+
+  def _append(self, group, pieces, start, fresh: bool) -> None:
+    T = self._piece_len(max(len(p) for p in pieces))
     if max(start) + T > self.S:  # Rare: near the end of the cache.
       if len(group) > 1:
-        for r in group:
-          self._append([r], fresh)
+        for r, p, s in zip(group, pieces, start):
+          self._append([r], [p], [s], fresh)
         return
       T = self.S - start[0]
-    read_len = min(bucket(max(start) + T, sc.cache_buckets), self.S)
-    A = bucket(len(group), sc.batch_buckets)
+    read_len = min(bucket(max(start) + T, self.sampler.config.cache_buckets),
+                   self.S)
+    A = self.decode_batch  # Rows: one shape, padded with the scratch row.
     self.shapes["append", A, T, read_len] += 1
     tokens, mask = np.zeros((A, T), np.int32), np.zeros((A, T), bool)
     rows_A = np.full((A,), self._M, np.int32)
-    for i, r in enumerate(group):
-      tokens[i, :len(r.obs)], mask[i, :len(r.obs)] = r.obs, True
+    for i, (r, p) in enumerate(zip(group, pieces)):
+      tokens[i, :len(p)], mask[i, :len(p)] = p, True
       rows_A[i] = r.slot
+    self._call_append(rows_A, (np.arange(A) < len(group)) & fresh, tokens,
+                      mask, read_len)
+
+  def _call_append(self, rows_A, fresh_A, tokens, mask, read_len) -> None:
     with self._on_mesh():
-      self._dev = self.programs.append(
-          self._params, *self._dev, rows_A,
-          np.arange(A) < len(group) if fresh else np.zeros(A, bool),
-          tokens, mask, read_len)
+      self._dev = self.programs.append(self._params, *self._dev, rows_A,
+                                       fresh_A, tokens, mask, read_len)
+
+  def read_lens(self) -> list[int]:
+    """Every prefix of the cache a program may read."""
+    return buckets_upto(self.S, self.sampler.config.cache_buckets)
+
+  def precompile(self, config, stop_strings) -> None:
+    """Compiles every program a rollout can call (after `open`): appends
+    of each piece bucket and decode chunks of each row bucket up to the
+    decode batch, at each read length. They run on the scratch row only,
+    so the cache's rows are untouched. Compiling them all up front keeps
+    compiles out of the rollouts (at the cost of programs a short rollout
+    would never use)."""
+    A, M = self.decode_batch, self._M
+    if (M, stop_strings) in self._precompiled:
+      return
+    self._precompiled.add((M, stop_strings))
+    rows = np.full((A,), M, np.int32)
+    for read_len in self.read_lens():
+      for T in sorted({self._piece_len(n)
+                       for n in range(1, self.append_tokens + 1)}):
+        if T <= read_len:
+          self._call_append(rows, np.zeros(A, bool), np.zeros((A, T),
+                            np.int32), np.zeros((A, T), bool), read_len)
+      for R in buckets_upto(self.decode_batch,
+                            self.sampler.config.batch_buckets):
+        self._call_decode(np.full((R,), M, np.int32), np.zeros(R, np.uint32),
+                          config, np.zeros(R, np.int32), stop_strings,
+                          read_len)
 
   def decode(self, rows, seeds, config, stop_strings):
     """One chunk of up to `chunk_steps` steps of `rows` (each with room),
@@ -107,28 +153,33 @@ class SlotDevice:
     R = bucket(len(rows), sc.batch_buckets)
     pad = lambda xs, fill, dt: np.asarray(
         list(xs) + [fill] * (R - len(rows)), dt)
-    c = config
-    sampling = (np.full(R, c.temperature, np.float32),
-                np.full(R, c.top_k, np.int32), np.full(R, c.top_p, np.float32))
     max_new = pad([min(r.budget, self.limit - r.length) for r in rows], 0,
                   np.int32)
     read_len = min(bucket(max(r.length for r in rows) + steps,
                           sc.cache_buckets), self.S)
     self.shapes["decode", R, read_len] += 1
-    # pylint: disable-next=protected-access
-    eos, table = self.sampler._eos, self.sampler._stop_table(stop_strings)
-    with self._on_mesh():
-      *dev, tokens, lps, num, reason = self.programs.decode(
-          self._params, *self._dev, pad([r.slot for r in rows], self._M,
-                                        np.int32),
-          pad(seeds, 0, np.uint32), sampling, max_new, eos, table, read_len,
-          steps)
-    self._dev = tuple(dev)
-    tokens, lps, num, reason = jax.device_get((tokens, lps, num, reason))
+    tokens, lps, num, reason = jax.device_get(self._call_decode(
+        pad([r.slot for r in rows], self._M, np.int32),
+        pad(seeds, 0, np.uint32), config, max_new, stop_strings, read_len))
     out = [(tokens[j, :num[j]].tolist(), lps[j, :num[j]].tolist(),
             decoding.REASONS[reason[j]]) for j in range(len(rows))]
     # Every row of the compiled batch runs each step the longest one runs.
     return out, R * int(num.max())
+
+  def _call_decode(self, rows_R, seeds_R, c, max_new_R, stop_strings,
+                   read_len):
+    """Runs the decode program; returns (tokens, logprobs, num, reason)."""
+    R = rows_R.shape[0]
+    sampling = (np.full(R, c.temperature, np.float32),
+                np.full(R, c.top_k, np.int32), np.full(R, c.top_p, np.float32))
+    # pylint: disable-next=protected-access
+    eos, table = self.sampler._eos, self.sampler._stop_table(stop_strings)
+    with self._on_mesh():
+      *dev, tokens, lps, num, reason = self.programs.decode(
+          self._params, *self._dev, rows_R, seeds_R, sampling, max_new_R,
+          eos, table, read_len, self.steps)
+    self._dev = tuple(dev)
+    return tokens, lps, num, reason
 
   def text(self, row, tokens, why: str, stop_strings) -> str:
     """The text of a sampled stretch, as `Sampler.generate` returns it."""

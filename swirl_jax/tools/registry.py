@@ -76,7 +76,8 @@ def _corpus(spec: str, data_dir: str | None):
 def build_tools(names, *, search_corpus: str = "", search_k: int = 3,
                 data_dir: str | None = None, cache_dir: str | None = None,
                 sandbox_timeout_s: float = 3.0,
-                sandbox_memory_mb: int = 512) -> dict[str, BatchTool]:
+                sandbox_memory_mb: int = 512,
+                sandbox_cpus: tuple[int, ...] = ()) -> dict[str, BatchTool]:
   """Batch callables for the named tools (each owns its workers)."""
   if _FORBIDDEN:
     raise RuntimeError(f"tools requested where none may run: {_FORBIDDEN[-1]}")
@@ -92,7 +93,8 @@ def build_tools(names, *, search_corpus: str = "", search_k: int = 3,
       out[name] = tool.batch
     elif name == "python":
       box = sandbox.Sandbox(timeout_s=sandbox_timeout_s,
-                            memory_bytes=sandbox_memory_mb << 20)
+                            memory_bytes=sandbox_memory_mb << 20,
+                            cpus=tuple(sandbox_cpus))
       out[name] = lambda codes, box=box: [
           sandbox.format_observation(r) for r in box.run_batch(codes)]
     else:
@@ -103,10 +105,11 @@ def build_tools(names, *, search_corpus: str = "", search_k: int = 3,
 
 def from_config(c, data_dir: str | None = None, cache_dir=None):
   config_lib.check_keys(c, ("names", "search_corpus", "search_k",
-                            "sandbox_timeout_s", "sandbox_memory_mb"),
-                        "tools")
+                            "sandbox_timeout_s", "sandbox_memory_mb",
+                            "sandbox_cpus"), "tools")
   return build_tools(tuple(c.names), search_corpus=c.get("search_corpus", ""),
                      search_k=c.get("search_k", 3), data_dir=data_dir,
                      cache_dir=cache_dir,
                      sandbox_timeout_s=c.get("sandbox_timeout_s", 3.0),
-                     sandbox_memory_mb=c.get("sandbox_memory_mb", 512))
+                     sandbox_memory_mb=c.get("sandbox_memory_mb", 512),
+                     sandbox_cpus=tuple(c.get("sandbox_cpus", ())))

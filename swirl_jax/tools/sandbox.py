@@ -209,6 +209,9 @@ class Sandbox:
       concurrent slot.
     startup_timeout_s: time allowed for the sandbox to start the snippet
       (not counted in timeout_s).
+    cpus: CPU numbers the snippets run on (`taskset`); () for any. Keeps
+      snippets off the cores that feed the accelerator (or, on a CPU-only
+      host, off those that decode).
   """
 
   def __init__(self, timeout_s: float = 3.0, memory_bytes: int = 512 << 20,
@@ -216,7 +219,8 @@ class Sandbox:
                max_file_bytes: int = 8 << 20, max_open_files: int = 256,
                tmpfs_bytes: int = 64 << 20, max_output_chars: int = 512,
                max_concurrency: int = 64, isolation: str = "auto",
-               uid_base: int = 60000, startup_timeout_s: float = 60.0):
+               uid_base: int = 60000, startup_timeout_s: float = 60.0,
+               cpus: tuple[int, ...] = ()):
     if isolation != "auto" and isolation not in ISOLATIONS:
       raise ValueError(f"isolation={isolation!r}: expected 'auto' or one of "
                        f"{ISOLATIONS}")
@@ -224,6 +228,12 @@ class Sandbox:
     self.max_output_chars = max_output_chars
     self.max_concurrency = max_concurrency
     self.startup_timeout_s = startup_timeout_s
+    self._pin = []
+    if cpus:
+      if not shutil.which("taskset"):
+        raise RuntimeError("Sandbox(cpus=...) needs taskset (util-linux)")
+      self._pin = [shutil.which("taskset"), "-c",
+                   ",".join(str(int(c)) for c in cpus)]
     cpu_s = cpu_s or max(1, int(-(-timeout_s // 1)))
     self._limits = {
         "RLIMIT_CPU": (cpu_s, cpu_s + 1),  # SIGXCPU first, SIGKILL after.
@@ -297,15 +307,15 @@ class Sandbox:
     python = [os.path.realpath(sys.executable), "-s", "-u", "-c", _BOOTSTRAP,
               cfg]
     if self.isolation == "bubblewrap":
-      return _bwrap_args(shutil.which("bwrap"), self._tmpfs_bytes,
-                         self._as_root) + python
+      return self._pin + _bwrap_args(shutil.which("bwrap"),
+                                     self._tmpfs_bytes, self._as_root) + python
     if self.isolation == "rlimits+namespaces":
       ns = [shutil.which("unshare"), "--fork", "--pid", "--kill-child",
             "--net", "--ipc", "--uts"]
       if not self._as_root:
         ns[1:1] = ["--user", "--map-root-user"]
-      return ns + ["--"] + python
-    return python
+      return self._pin + ns + ["--"] + python
+    return self._pin + python
 
   def _run(self, code, uid):
     workdir = None
