@@ -47,7 +47,10 @@ def get_config(arg=None):
   c.grpo = dict(group_size=16, filter_void=arg.filter_void,
                 mask_overlong=True, drop_zero_variance=True,
                 accuracy_band=(0.1, 0.9), use_std=True)
-  c.sampler = dict(max_cache_len=16384)
+  # 0, 0: decode from 1B params on all of a host's devices, as data groups
+  # of tensor-parallel devices (`sampler.decode_layout`).
+  c.sampler = dict(max_cache_len=16384, tensor_parallel=0,
+                   data_parallel=0)
   # Every N iterations (0: off), the gradient norm of the void rows alone
   # vs the kept rows alone: one extra backward on the iteration's batch.
   c.void_grad_every = 0

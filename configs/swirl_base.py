@@ -70,7 +70,10 @@ def get_config(arg=None):
                 eval_split="test", eval_limit=500,
                 data_dir=config_lib.data_dir())
   c.tools = dict(names=(), search_corpus="", search_k=3)
-  c.sampler = dict(max_cache_len=8192)
+  # 0, 0: decode from 1B params on all of a host's devices, as data groups
+  # of tensor-parallel devices (`sampler.decode_layout`).
+  c.sampler = dict(max_cache_len=8192, tensor_parallel=0,
+                   data_parallel=0)
   c.stage1 = dict(samples=5, tasks_per_batch=64, temperature=1.0, top_p=1.0,
                   max_turns=10, max_new_tokens=512, max_response_tokens=4096,
                   drop_easy=False, easy_max_calls=1)

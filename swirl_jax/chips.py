@@ -15,6 +15,8 @@ Figures are per chip (a TPU chip, one GPU), from the vendors' datasheets:
         (1,979 with sparsity), 3.35 TB/s.
   h200  NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 989 TFLOP/s dense bf16,
         4.8 TB/s.
+Chips per host: a TPU VM host of a multi-host v4 / v5e / v5p / v6e slice
+drives 4 chips; a GPU node 8 (DGX / HGX).
 NVIDIA's "80 GB" is 80 GiB of HBM (81,920 MiB on an A100; an H100 reports
 81,559 MiB); an H200 reports 143,771 MiB, i.e. 140 GiB.
 """
@@ -28,16 +30,17 @@ class Chip:
   hbm_gib: float
   peak_bf16_flops: float  # Dense (no sparsity).
   hbm_bytes_s: float
+  host_chips: int  # Chips a host of a multi-host slice / node drives.
 
 
 CHIPS = {c.name: c for c in (
-    Chip("v4", 32.0, 275e12, 1.2e12),
-    Chip("v5e", 16.0, 197e12, 0.819e12),
-    Chip("v5p", 95.0, 459e12, 2.765e12),
-    Chip("v6e", 32.0, 918e12, 1.64e12),
-    Chip("a100", 80.0, 312e12, 2.039e12),
-    Chip("h100", 79.6, 989e12, 3.35e12),
-    Chip("h200", 140.0, 989e12, 4.8e12),
+    Chip("v4", 32.0, 275e12, 1.2e12, 4),
+    Chip("v5e", 16.0, 197e12, 0.819e12, 4),
+    Chip("v5p", 95.0, 459e12, 2.765e12, 4),
+    Chip("v6e", 32.0, 918e12, 1.64e12, 4),
+    Chip("a100", 80.0, 312e12, 2.039e12, 8),
+    Chip("h100", 79.6, 989e12, 3.35e12, 8),
+    Chip("h200", 140.0, 989e12, 4.8e12, 8),
 )}
 
 # Substrings of `jax.Device.device_kind` -> chip (first match wins).

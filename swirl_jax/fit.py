@@ -6,8 +6,11 @@ r"""The `fit` job: will a config's train step and sampler fit a chip's HBM?
 
 Compiles, for `fit.devices` fake CPU devices laid out as the config's mesh,
 the train step (the config's training block, at its mini-batch and sequence
-length) and the sampler's prefill and decode (`fit.sampler_rows` rows over
-the batch axes, `sampler.max_cache_len` slots), all from abstract inputs
+length) and the sampler's programs on one host's devices as the jobs lay
+them out (`sampler.decode_layout`: data groups of tensor-parallel devices;
+`generate` with `fit.sampler_rows` rows, the rollout engine with
+`engine.slots` rows a group; `sampler.max_cache_len` slots), all from
+abstract inputs
 (`jax.ShapeDtypeStruct`s with shardings): no weights are allocated. Prints
 per-device memory from `compiled.memory_analysis()` (arguments,
 temporaries, peak) against the chip's HBM (swirl_jax/chips.py), the verdict
@@ -68,7 +71,8 @@ def measure(config) -> dict:
   """Compiles and measures (in a process whose devices are the fake ones)."""
   f = config.fit
   chip = chips.get(f.chip)
-  setup, figs = fit_programs.measure(config, _BACKEND[f.chip])
+  setup, figs = fit_programs.measure(
+      config, _BACKEND[f.chip], min(chip.host_chips, int(f.devices)))
   train_peak, sampler_peak = fit_programs.peaks(figs)
   limit = float(f.hbm_fraction) * chip.hbm_gib
   n = int(f.num_layers_override)
@@ -91,15 +95,19 @@ def print_report(r: dict) -> None:
   print(f"  mesh {r['mesh']}, remat {r['remat']}, dtype {r['dtype']}, "
         f"params {r['param_dtype']}, attention {r['attention_impl']}")
   print(f"  train: {r['train_rows']} x {r['seq_len']} tokens, "
-        f"{r['micro_batches']} micro-batches; sampler: {r['sampler_rows']} "
-        f"rows x {r['cache_len']} slots")
+        f"{r['micro_batches']} micro-batches; sampler on a host's "
+        f"{r['data_parallel']} data group(s) x {r['tensor_parallel']} "
+        f"device(s): generate {r['sampler_rows']} rows, engine "
+        f"{r['engine_slots']} slots a group, x {r['cache_len']} slots of "
+        "cache")
   if r["stand_in_layers"]:
     print(f"  extrapolated from {r['stand_in_layers']}-layer stand-ins to "
           f"{r['num_layers']} layers")
-  print(f"  {'program':<10}{'args GiB':>10}{'temp GiB':>10}{'peak GiB':>10}")
-  for name in ("train", "prefill", "decode"):
+  print(f"  {'program':<14}{'args GiB':>10}{'temp GiB':>10}"
+        f"{'peak GiB':>10}")
+  for name in ("train",) + fit_programs.SAMPLER_PROGRAMS:
     m = figs[name]
-    print(f"  {name:<10}{m['args']:>10.2f}{m['temp']:>10.2f}"
+    print(f"  {name:<14}{m['args']:>10.2f}{m['temp']:>10.2f}"
           f"{m['peak']:>10.2f}")
   print(f"  train state resident while sampling: "
         f"{figs['state']['args']:.2f} GiB")

@@ -2,9 +2,11 @@
 
 `Setup` reads a job config (model, training block, sampler sizes) the way
 the jobs do, with its 'auto' fields resolved for the target backend;
-`measure_all` lowers and compiles the train step, the sampler's prefill and
-its decode loop from `jax.ShapeDtypeStruct`s carrying their shardings, so
-nothing the size of a weight is ever allocated.
+`measure_all` lowers and compiles the train step on the trainer's mesh, and
+the sampler's programs (`generate`'s prefill and decode loop, the rollout
+engine's append and decode chunk) on one host's decode mesh, from
+`jax.ShapeDtypeStruct`s carrying their shardings, so nothing the size of a
+weight is ever allocated.
 
 `check_devices` is the same measurement against the real devices, run
 before a training job loads its weights (see swirl_jax/jobs.py).
@@ -20,7 +22,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, presets
-from swirl_jax.sampling import decoding
+from swirl_jax.rollout import engine as engine_lib
+from swirl_jax.sampling import decoding, slots
+from swirl_jax.sampling import sampler as sampler_lib
 from swirl_jax.training import defaults, lora, optimizer
 from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
@@ -50,7 +54,7 @@ def default_config() -> ml_collections.ConfigDict:
 class Setup:
   """Model config, mesh, optimizer and shapes of one job config."""
 
-  def __init__(self, config, backend: str):
+  def __init__(self, config, backend: str, host_devices: int):
     f = config.fit
     name = f.train_block or next(
         (b for b in TRAIN_BLOCKS if b in config), None)
@@ -83,8 +87,15 @@ class Setup:
     stage2 = config.get("stage2") or {}
     self.seq_len = int(f.seq_len or config.get("max_seq_len")
                        or stage2.get("max_len") or self.cache_len)
-    dp = _row_shards(self.mesh, 1 << 30)
-    self.sampler_rows = dp * math.ceil(int(f.sampler_rows) / dp)
+    # The sampler decodes on one host's devices (`sampler.decode_layout`):
+    # data groups of tensor-parallel devices.
+    self.host_devices = host_devices
+    self.data_parallel, self.tensor_parallel = sampler_lib.decode_layout(
+        host_devices, self.model_cfg, int(sampler.get("tensor_parallel", 1)),
+        int(sampler.get("data_parallel", 1)))
+    self.engine = engine_lib.EngineConfig.from_config(
+        config.get("engine") or {})
+    self.sampler_rows = int(f.sampler_rows)
     self.prompt_len = min(int(f.prompt_len), self.cache_len)
     self.decode_steps = int(f.decode_steps)
     self.preset = model.preset
@@ -102,7 +113,10 @@ class Setup:
                 remat=c.remat, dtype=c.dtype, param_dtype=c.param_dtype,
                 attention_impl=c.attention_impl, train_rows=self.rows,
                 seq_len=self.seq_len, micro_batches=self.micro_batches,
-                sampler_rows=self.sampler_rows, cache_len=self.cache_len)
+                sampler_rows=self.sampler_rows, cache_len=self.cache_len,
+                tensor_parallel=self.tensor_parallel,
+                data_parallel=self.data_parallel,
+                engine_slots=self.engine.slots)
 
   def knobs(self, train_over: bool, sampler_over: bool) -> list[str]:
     """What to turn, most effective first, for each part over the limit."""
@@ -125,8 +139,13 @@ class Setup:
       out.append(f"fit.devices up (more chips: the state divides over "
                  f"them), or train.lora.rank > 0")
     if sampler_over:
-      out.append(f"fewer rows per generate call (now {self.sampler_rows}) "
-                 f"or sampler.max_cache_len down (now {self.cache_len})")
+      if self.tensor_parallel * self.data_parallel < self.host_devices:
+        out.append(f"sampler.tensor_parallel and data_parallel up (now "
+                   f"{self.tensor_parallel} and {self.data_parallel}; 0 = "
+                   f"from the host's {self.host_devices} devices)")
+      out.append(f"engine.slots down (now {self.engine.slots}), fewer rows "
+                 f"per generate call (now {self.sampler_rows}) or "
+                 f"sampler.max_cache_len down (now {self.cache_len})")
     return out
 
 
@@ -187,43 +206,58 @@ def measure_train(setup: Setup, cfg, memory_fn) -> tuple[dict, dict]:
                                    peak=_per_device_gib(state))
 
 
-def _sampler_params(cfg, mesh):
-  """Abstract weights in the compute dtype, layers split as the sampler
-  holds them, sharded as the trainer's."""
+def _decode_params(cfg, mesh, rules):
+  """Abstract weights in the compute dtype, layers split, laid out for
+  decode as the `Sampler` holds them (`decoding.param_shardings`)."""
   cfg = cfg.replace(param_dtype=cfg.dtype)
-  params = _abstract(decoder.abstract_params(cfg),
-                     state_lib.param_shardings(cfg, mesh))
-  unstack = lambda x: jax.ShapeDtypeStruct(
-      x.shape[1:], x.dtype,
-      sharding=NamedSharding(mesh, P(*x.sharding.spec[1:])))
-  layers = tuple(jax.tree.map(unstack, params["layers"])
-                 for _ in range(cfg.num_layers))
-  return dict(params, layers=layers)
+  shapes = decoder.abstract_params(cfg)
+  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                     shapes["layers"])
+  shapes = dict(shapes, layers=(one,) * cfg.num_layers)
+  return _abstract(shapes, decoding.param_shardings(cfg, mesh, rules,
+                                                    split=True))
 
 
-def measure_sampler(setup: Setup, cfg, memory_fn) -> tuple[dict, dict]:
-  mesh, B, S = setup.mesh, setup.sampler_rows, setup.cache_len
-  params = _sampler_params(cfg, mesh)
+def measure_sampler(setup: Setup, cfg, memory_fn) -> dict:
+  """Per-device figures of the sampler's programs as the jobs run them, on
+  one host's devices as `Sampler` lays them out (weights and KV heads
+  over 'tensor', rows over 'data'): `generate`'s prefill and decode
+  (`fit.sampler_rows` rows) and, on one data group, the rollout engine's
+  append and decode chunk (its slot cache: `engine.slots` rows), each at
+  the full cache."""
+  d, t = setup.data_parallel, setup.tensor_parallel
+  mesh = shd.make_mesh([("data", d), ("tensor", t)], jax.devices()[:d * t])
+  rules = shd.DEFAULT_RULES  # The Sampler's: rows over 'data'.
+  with shd.use_mesh(mesh, rules):
+    figs = _generate(setup, cfg, _decode_params(cfg, mesh, rules), mesh,
+                     rules, memory_fn)
+  group = shd.make_mesh([("tensor", t)], jax.devices()[:t])
+  rules = decoding.decode_rules(rules)  # The engine's: rows whole.
+  with shd.use_mesh(group, rules):
+    figs.update(_engine(setup, cfg, _decode_params(cfg, group, rules),
+                        group, rules, memory_fn))
+  return figs
+
+
+def _generate(setup, cfg, params, mesh, rules, memory_fn) -> dict:
+  d = setup.data_parallel  # Rows over the groups, whole rows each.
+  B, S = d * -(-setup.sampler_rows // d), setup.cache_len
   rows = lambda shape, dtype: jax.ShapeDtypeStruct(
-      shape, dtype, sharding=shd.data_sharding(mesh, len(shape),
-                                               shape=shape))
+      shape, dtype, sharding=shd.data_sharding(mesh, len(shape), rules,
+                                               shape))
   rep = lambda shape, dtype: jax.ShapeDtypeStruct(
       shape, dtype, sharding=NamedSharding(mesh, P()))
   toks = rows((B, setup.prompt_len), jnp.int32)
   mask = rows((B, setup.prompt_len), jnp.bool_)
   prefill = jax.jit(lambda p, t, m: decoding.prefill(
       p, cfg, t, m, S, setup.cache_dtype))
-  with shd.use_mesh(mesh):
-    lowered = prefill.lower(params, toks, mask)
-    compiled = lowered.compile()
-    outs = jax.eval_shape(prefill, params, toks, mask)
+  compiled = prefill.lower(params, toks, mask).compile()
+  outs = jax.eval_shape(prefill, params, toks, mask)
   pre = memory_fn(compiled)
   cache, logits = _abstract(outs, compiled.output_shardings)
   keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
-  keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(
-      mesh, P(toks.sharding.spec[0])))
-  vec = lambda dtype: jax.ShapeDtypeStruct(
-      (B,), dtype, sharding=keys.sharding)
+  keys = rows(keys.shape, keys.dtype)
+  vec = lambda dtype: rows((B,), dtype)
   sp = decoding.SamplingParams(keys, vec(jnp.float32), vec(jnp.int32),
                                vec(jnp.float32))
   stop = decoding.StopSpec(vec(jnp.int32), rep((8,), jnp.int32),
@@ -231,18 +265,41 @@ def measure_sampler(setup: Setup, cfg, memory_fn) -> tuple[dict, dict]:
   decode = jax.jit(lambda p, c, lg, a, st, sp, so: decoding.decode(
       p, cfg, c, lg, a, st, sp, so, setup.decode_steps),
                    donate_argnums=(1, 2))
-  with shd.use_mesh(mesh):
-    compiled = decode.lower(params, cache, logits, vec(jnp.bool_),
-                            vec(jnp.int32), sp, stop).compile()
-  return pre, memory_fn(compiled)
+  compiled = decode.lower(params, cache, logits, vec(jnp.bool_),
+                          vec(jnp.int32), sp, stop).compile()
+  return dict(prefill=pre, decode=memory_fn(compiled))
+
+
+def _engine(setup, cfg, params, mesh, rules, memory_fn) -> dict:
+  """The engine's programs on its slot cache, reading all of it."""
+  e = setup.engine
+  M, S = e.slots, setup.cache_len + e.chunk_steps
+  programs = slots.programs(cfg, mesh, rules)
+  init = programs.init.lower(M, S, setup.cache_dtype).compile()
+  dev = _abstract(jax.eval_shape(programs.init, M, S, setup.cache_dtype),
+                  init.output_shardings)
+  rep = lambda shape, dtype: jax.ShapeDtypeStruct(
+      shape, dtype, sharding=NamedSharding(mesh, P()))
+  A, T = e.decode_batch, e.append_tokens
+  append = programs.append.lower(
+      params, *dev, rep((A,), jnp.int32), rep((A,), jnp.bool_),
+      rep((A, T), jnp.int32), rep((A, T), jnp.bool_), S).compile()
+  R = e.decode_batch
+  sampling = (rep((R,), jnp.float32), rep((R,), jnp.int32),
+              rep((R,), jnp.float32))
+  chunk = programs.decode.lower(
+      params, *dev, rep((R,), jnp.int32), rep((R,), jnp.uint32), sampling,
+      rep((R,), jnp.int32), rep((8,), jnp.int32),
+      rep((16, cfg.vocab_size), jnp.int16), S, e.chunk_steps).compile()
+  return dict(append=memory_fn(append), decode_chunk=memory_fn(chunk))
 
 
 def measure_all(setup: Setup, layers: int, memory_fn) -> dict:
   """Per-device GiB (args, temp, peak) of each program at `layers`."""
   cfg = setup.cfg_at(layers)
   train, state = measure_train(setup, cfg, memory_fn)
-  prefill, decode = measure_sampler(setup, cfg, memory_fn)
-  return dict(train=train, state=state, prefill=prefill, decode=decode)
+  return dict(train=train, state=state,
+              **measure_sampler(setup, cfg, memory_fn))
 
 
 def memory(compiled) -> dict:
@@ -259,12 +316,16 @@ def _extrapolate(at_n: dict, at_n1: dict, n: int, depth: int) -> dict:
   return {k: at_n[k] + (depth - n) * (at_n1[k] - at_n[k]) for k in at_n}
 
 
-def measure(config, backend: str) -> tuple[Setup, dict]:
+SAMPLER_PROGRAMS = ("prefill", "decode", "append", "decode_chunk")
+
+
+def measure(config, backend: str,
+            host_devices: int) -> tuple[Setup, dict]:
   """`(setup, figures)`: `measure_all` at the real depth, or with
   `fit.num_layers_override` = n (0 < n < depth) at n and n + 1 layers,
   extrapolated linearly to the real depth (scanned layers make memory
-  linear in it)."""
-  setup = Setup(config, backend)
+  linear in it). `host_devices`: devices a host has (the sampler's)."""
+  setup = Setup(config, backend, host_devices)
   depth, n = setup.model_cfg.num_layers, int(config.fit.num_layers_override)
   if n <= 0 or n >= depth:
     return setup, measure_all(setup, depth, memory)
@@ -276,7 +337,7 @@ def measure(config, backend: str) -> tuple[Setup, dict]:
 def peaks(figs: dict) -> tuple[float, float]:
   """(train step, sampler) per-device peak GiB; the sampler's adds the
   train state, which stays on the devices while rollouts run."""
-  sampler = max(figs["prefill"]["peak"], figs["decode"]["peak"])
+  sampler = max(figs[k]["peak"] for k in SAMPLER_PROGRAMS)
   return figs["train"]["peak"], figs["state"]["args"] + sampler
 
 
@@ -323,7 +384,8 @@ def check_devices(config, blocks, layers: int = 2) -> None:
     return
   limit_gib = limit / GIB
   for block in (b for b in blocks if b in config):
-    setup, figs = measure(_check_config(config, block, layers), backend)
+    setup, figs = measure(_check_config(config, block, layers), backend,
+                          jax.local_device_count())
     train, sampler = peaks(figs)
     sampler = sampler if "sampler" in config else 0.0
     logging.info("fit check %s: train peak %.4g GiB, sampler peak %.4g GiB, "

@@ -231,7 +231,7 @@ def test_rows_out_of_room_end_cleanly(tiny, calc_tools):
 
 _TENSOR_PARALLEL_SCRIPT = """
 import json, os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax
 jax.config.update("jax_default_matmul_precision", "highest")
 from swirl_jax import config_lib
@@ -248,9 +248,9 @@ out = {}
 for temperature in (0.0, 1.0):
   rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=24,
                               temperature=temperature, seed=5)
-  for name, tp in (("one", 1), ("tp", 2)):
-    sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=512,
-                                                      tensor_parallel=tp))
+  for name, tp, dp in (("one", 1, 1), ("tp", 2, 1), ("dp", 2, 2)):
+    sampler = Sampler(params, cfg, tok, SamplerConfig(
+        max_cache_len=512, tensor_parallel=tp, data_parallel=dp))
     m = sampler.mesh
     eng = engine_lib.RolloutEngine(
         sampler, tok, tools, rc, engine_lib.EngineConfig(
@@ -258,36 +258,49 @@ for temperature in (0.0, 1.0):
     trajs = eng.run(tasks, samples_per_task=2)
     out[f"{name}_{temperature}"] = [
         [[t.action_ids, t.action_logprobs] for t in tr.turns] for tr in trajs]
-    if m is not None:
-      dev = eng.device
-      dev.open(2, 2)
-      k = dev._dev[0]["k"][0]
-      out["k_shard"] = k.addressable_shards[0].data.shape[1] / k.shape[1]
-      q = dev._params["layers"][0]["attn"]["q"]
-      out["q_shard"] = q.addressable_shards[0].data.size / q.size
-      out["mesh"] = dict(m.shape)
-      g = sampler.generate([[1, 2, 3]], max_new_tokens=8)  # Its own path.
-      out["generate_tp"] = g.tokens[0]
-    else:
-      out["generate_one"] = sampler.generate([[1, 2, 3]],
-                                             max_new_tokens=8).tokens[0]
+    # Its own path: 3 rows (over the data groups on the dp mesh).
+    g = sampler.generate([[1, 2, 3], [4, 5], [6]], max_new_tokens=8)
+    out[f"generate_{name}"] = g.tokens
+    if m is None:
+      continue
+    out[f"mesh_{name}"] = dict(m.shape)
+    dev = eng.device
+    if name == "dp":
+      out["groups"] = [sorted(d.id for d in g.mesh.devices.flat)
+                       for g in dev.groups]
+      out["group_programs"] = [sum(g.trace_counts.values()) > 0
+                               for g in dev.groups]
+      dev = dev.groups[1]
+    dev.open(2, 2)
+    k = dev._dev[0]["k"][0]
+    out[f"k_shard_{name}"] = k.addressable_shards[0].data.shape[1] / k.shape[1]
+    q = dev._params["layers"][0]["attn"]["q"]
+    out[f"q_shard_{name}"] = q.addressable_shards[0].data.size / q.size
 print(json.dumps(out))
 """
 
 
 def test_tensor_parallel_engine_equals_one_device():
   """Decode tensor parallel (weights and KV heads over 'tensor', every row
-  on each device): the same trajectories as one device, token for token,
-  greedy and seeded; log-probs to float rounding."""
+  of a group on each of its devices), and with 2 data groups of 2 (rows
+  over 'data'; the engine's slots spread over one cache per group): the
+  same trajectories as one device, token for token, greedy and seeded;
+  log-probs to float rounding."""
   import fresh_process  # pylint: disable=g-import-not-at-top
   out = fresh_process.last_json(_TENSOR_PARALLEL_SCRIPT)
-  assert out["mesh"] == {"tensor": 2}
-  assert out["k_shard"] == out["q_shard"] == 0.5
-  assert out["generate_tp"] == out["generate_one"]
+  assert out["mesh_tp"] == {"data": 1, "tensor": 2}
+  assert out["mesh_dp"] == {"data": 2, "tensor": 2}
+  assert out["groups"] == [[0, 1], [2, 3]]
+  assert out["group_programs"] == [True, True]  # Both groups decoded.
+  for name in ("tp", "dp"):
+    assert out[f"k_shard_{name}"] == out[f"q_shard_{name}"] == 0.5
+    assert out[f"generate_{name}"] == out["generate_one"]
   for temperature in (0.0, 1.0):
-    one, tp = out[f"one_{temperature}"], out[f"tp_{temperature}"]
-    assert [[ids for ids, _ in tr] for tr in tp] == \
-        [[ids for ids, _ in tr] for tr in one]
-    for a, b in zip(tp, one):
-      for (_, lp_a), (_, lp_b) in zip(a, b):
-        np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)
+    one = out[f"one_{temperature}"]
+    for name in ("tp", "dp"):
+      other = out[f"{name}_{temperature}"]
+      assert [[ids for ids, _ in tr] for tr in other] == \
+          [[ids for ids, _ in tr] for tr in one]
+      for a, b in zip(other, one):
+        for (_, lp_a), (_, lp_b) in zip(a, b):
+          np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)

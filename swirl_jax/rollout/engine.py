@@ -34,13 +34,13 @@ import time
 from swirl_jax import config_lib
 from swirl_jax.rollout import loop
 from swirl_jax.rollout.records import Turn
-from swirl_jax.rollout.slot_device import SlotDevice
+from swirl_jax.rollout import slot_device
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig(config_lib.FromConfig):
-  slots: int = 32  # Cache rows: trajectories in flight.
-  decode_batch: int = 16  # Ready rows decoded together.
+  slots: int = 32  # Cache rows: trajectories in flight (per data group).
+  decode_batch: int = 16  # Ready rows decoded together (per data group).
   chunk_steps: int = 8  # Decode steps between host checks.
   tool_workers: int = 16  # Threads running single tool calls.
   append_tokens: int = 64  # Prompt/observation tokens per append call.
@@ -69,8 +69,9 @@ class RolloutEngine(loop.RolloutLoop):
 
   The device work goes to the sampler's own rollout device when it has one
   (`sampler.rollout_device(decode_batch, chunk_steps)`: the scripted
-  sampler's), else to
-  a `SlotDevice` on the `Sampler`'s model. `metrics` describe the last
+  sampler's), else to `slot_device.make`'s: a `SlotDevice` on the
+  `Sampler`'s model, or one per data group of its mesh (`slots` and
+  `decode_batch` are then each group's). `metrics` describe the last
   rollout (see `loop.rollout_metrics`; also `idle_s`, time with nothing to
   decode while tools ran).
   """
@@ -84,7 +85,7 @@ class RolloutEngine(loop.RolloutLoop):
     self.engine = engine
     make = getattr(sampler, "rollout_device", None)
     self.device = (make or functools.partial(
-        SlotDevice, sampler, append_tokens=engine.append_tokens))(
+        slot_device.make, sampler, append_tokens=engine.append_tokens))(
             engine.decode_batch, engine.chunk_steps)
 
   @property
@@ -149,7 +150,7 @@ class RolloutEngine(loop.RolloutLoop):
     if ready:
       # Decode goes on while calls run: the chunks beside them.
       self._stats["decode_chunks_beside_tools"] += bool(futures)
-      for row in self._decode(ready[:self.engine.decode_batch]):
+      for row in self._decode(self.device.select(ready)):
         futures[pool.submit(self._call, row.call)] = row
       self._stats["decode_s"] += time.perf_counter() - t2
     elif futures:

@@ -84,8 +84,8 @@ class ScriptedSampler:
 
   def rollout_device(self, decode_batch: int, chunk_steps: int):
     """What the rollout engine decodes with: this script, row by row."""
-    del decode_batch, chunk_steps
-    return ScriptedDevice(self)
+    del chunk_steps
+    return ScriptedDevice(self, decode_batch)
 
   def extend(self, state: ScriptedState, observations) -> ScriptedState:
     self.extended.append([list(o or []) for o in observations])
@@ -103,8 +103,8 @@ class ScriptedDevice:
 
   limit = 2 ** 31 - 1  # No cache to fill.
 
-  def __init__(self, sampler: ScriptedSampler):
-    self.sampler = sampler
+  def __init__(self, sampler: ScriptedSampler, decode_batch: int):
+    self.sampler, self.decode_batch = sampler, decode_batch
     self.trace_counts = self.shapes = collections.Counter()  # No programs.
     self._turns: dict[int, int] = {}
     self._texts: dict[int, str] = {}
@@ -118,6 +118,9 @@ class ScriptedDevice:
 
   def precompile(self, config, stop_strings) -> None:
     del config, stop_strings  # No programs.
+
+  def select(self, ready: list) -> list:
+    return ready[:self.decode_batch]
 
   def append(self, rows, fresh: bool) -> None:
     if not fresh:

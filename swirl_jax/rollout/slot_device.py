@@ -8,10 +8,12 @@ A row's key is fold_in(key(row seed), 0) and each token's folds in its
 position, as the `Sampler` makes them: tokens depend on the row alone.
 
 On a `Sampler` with a mesh, decode is tensor parallel: weights and KV
-heads over the mesh's 'tensor' axis, every row on every device. Rows are
-not split over the data axes: the engine moves single rows in and out of
-the cache each call, which stays a local copy only while each device
-holds every row (several data groups run one engine each, as hosts do).
+heads over the mesh's 'tensor' axis, every row of a group on each of its
+devices. The mesh's 'data' groups each get a `SlotDevice` of their own
+(`DataGroups`: own cache rows, own programs on the group's devices): the
+engine moves single rows in and out of a cache each call, which stays a
+local copy only while each device holds every row of its cache; a slot
+lives in one group and the groups run side by side.
 """
 
 import collections
@@ -28,14 +30,15 @@ class SlotDevice:
   """`Sampler` (params, sizes, stop tables, token texts) on cache rows."""
 
   def __init__(self, sampler, decode_batch: int, chunk_steps: int,
-               append_tokens: int = 64):
+               append_tokens: int = 64, mesh=None, slot_of=None):
     self.sampler = sampler
     self.decode_batch, self.steps = decode_batch, chunk_steps
     # Appends go in pieces of at most this many tokens (a long prompt or
     # observation takes several calls): the append programs are one per
     # (piece bucket, read_len), not one per prompt length.
     self.append_tokens = append_tokens
-    self.mesh = sampler.mesh
+    self.mesh = sampler.mesh if mesh is None else mesh
+    self._slot = slot_of or (lambda r: r.slot)  # A row's cache row here.
     self.rules = decoding.decode_rules(sampler.rules)
     self.programs = slots.programs(sampler.cfg, self.mesh, self.rules)
     self._shardings = None if self.mesh is None else decoding.param_shardings(
@@ -65,8 +68,7 @@ class SlotDevice:
     self._params = self.sampler.params if self.mesh is None else \
         jax.device_put(self.sampler.params, self._shardings)
     with self._on_mesh():
-      self._dev = slots.init(self.sampler.cfg, self._M, self.S,
-                             sc.cache_dtype)
+      self._dev = self.programs.init(self._M, self.S, sc.cache_dtype)
     self.shapes = collections.Counter()
     return self._M
 
@@ -106,7 +108,7 @@ class SlotDevice:
     rows_A = np.full((A,), self._M, np.int32)
     for i, (r, p) in enumerate(zip(group, pieces)):
       tokens[i, :len(p)], mask[i, :len(p)] = p, True
-      rows_A[i] = r.slot
+      rows_A[i] = self._slot(r)
     self._call_append(rows_A, (np.arange(A) < len(group)) & fresh, tokens,
                       mask, read_len)
 
@@ -143,12 +145,21 @@ class SlotDevice:
                           config, np.zeros(R, np.int32), stop_strings,
                           read_len)
 
+  def select(self, ready: list) -> list:
+    """The ready rows the next decode chunk takes."""
+    return ready[:self.decode_batch]
+
   def decode(self, rows, seeds, config, stop_strings):
     """One chunk of up to `chunk_steps` steps of `rows` (each with room),
     stopping at `stop_strings` as well.
 
     Returns ([(tokens, logprobs, reason)] per row, slot-steps computed).
     """
+    return self.decode_finish(self.decode_start(rows, seeds, config,
+                                                stop_strings))
+
+  def decode_start(self, rows, seeds, config, stop_strings):
+    """Dispatches the chunk (`decode`); `decode_finish` reads it back."""
     sc, steps = self.sampler.config, self.steps
     R = bucket(len(rows), sc.batch_buckets)
     pad = lambda xs, fill, dt: np.asarray(
@@ -158,11 +169,15 @@ class SlotDevice:
     read_len = min(bucket(max(r.length for r in rows) + steps,
                           sc.cache_buckets), self.S)
     self.shapes["decode", R, read_len] += 1
-    tokens, lps, num, reason = jax.device_get(self._call_decode(
-        pad([r.slot for r in rows], self._M, np.int32),
-        pad(seeds, 0, np.uint32), config, max_new, stop_strings, read_len))
+    return len(rows), R, self._call_decode(
+        pad([self._slot(r) for r in rows], self._M, np.int32),
+        pad(seeds, 0, np.uint32), config, max_new, stop_strings, read_len)
+
+  def decode_finish(self, handle):
+    n, R, arrays = handle
+    tokens, lps, num, reason = jax.device_get(arrays)
     out = [(tokens[j, :num[j]].tolist(), lps[j, :num[j]].tolist(),
-            decoding.REASONS[reason[j]]) for j in range(len(rows))]
+            decoding.REASONS[reason[j]]) for j in range(n)]
     # Every row of the compiled batch runs each step the longest one runs.
     return out, R * int(num.max())
 
@@ -186,3 +201,87 @@ class SlotDevice:
     del row
     # pylint: disable-next=protected-access
     return self.sampler._texts([tokens], [why], stop_strings)[0][0]
+
+
+class DataGroups:
+  """The engine's device on a decode mesh of D > 1 'data' groups: one
+  `SlotDevice` per group, on the group's 'tensor' devices. Slot s is cache
+  row s // D of group s % D, so slots taken in order spread rows over the
+  groups; each call dispatches every group's program before reading any
+  back, so the groups compute at once."""
+
+  def __init__(self, sampler, decode_batch: int, chunk_steps: int,
+               append_tokens: int = 64):
+    devices = sampler.mesh.devices  # [data, tensor]
+    self.D = devices.shape[0]
+    self.groups = [SlotDevice(
+        sampler, decode_batch, chunk_steps, append_tokens,
+        mesh=shd.make_mesh([("tensor", devices.shape[1])], list(row)),
+        slot_of=lambda r: r.slot // self.D) for row in devices]
+    self.limit, self.S = self.groups[0].limit, self.groups[0].S
+    self.decode_batch = decode_batch
+
+  @property
+  def trace_counts(self) -> collections.Counter:
+    return sum((g.trace_counts for g in self.groups), collections.Counter())
+
+  @property
+  def shapes(self) -> collections.Counter:
+    return sum((g.shapes for g in self.groups), collections.Counter())
+
+  def _split(self, rows):
+    by = [[] for _ in self.groups]
+    for r in rows:
+      by[r.slot % self.D].append(r)
+    return by
+
+  def open(self, num_rows: int, max_slots: int) -> int:
+    """`max_slots` cache rows in each group; returns the slots in all."""
+    per = -(-num_rows // self.D)
+    return self.D * min(g.open(per, max_slots) for g in self.groups)
+
+  def close(self) -> None:
+    for g in self.groups:
+      g.close()
+
+  def precompile(self, config, stop_strings) -> None:
+    for g in self.groups:
+      g.precompile(config, stop_strings)
+
+  def append(self, rows, fresh: bool) -> None:
+    for g, part in zip(self.groups, self._split(rows)):
+      if part:
+        g.append(part, fresh)
+
+  def select(self, ready: list) -> list:
+    return [r for part in self._split(ready) for r in part[:self.decode_batch]]
+
+  def decode(self, rows, seeds, config, stop_strings):
+    seed_of = {id(r): s for r, s in zip(rows, seeds)}
+    parts = self._split(rows)
+    handles = [g.decode_start(p, [seed_of[id(r)] for r in p], config,
+                              stop_strings) if p else None
+               for g, p in zip(self.groups, parts)]
+    got, steps = {}, 0
+    for g, p, h in zip(self.groups, parts, handles):
+      if h is not None:
+        out, n = g.decode_finish(h)
+        got.update(zip(map(id, p), out))
+        steps += n
+    return [got[id(r)] for r in rows], steps
+
+  def text(self, row, tokens, why: str, stop_strings) -> str:
+    return self.groups[0].text(row, tokens, why, stop_strings)
+
+
+def make(sampler, decode_batch: int, chunk_steps: int,
+         append_tokens: int = 64):
+  """The engine's device for `sampler`: `DataGroups` when its mesh has
+  more than one 'data' group, else a `SlotDevice`."""
+  mesh = sampler.mesh
+  if mesh is not None and mesh.shape.get("data", 1) > 1:
+    if set(mesh.axis_names) - {"data", "tensor"}:
+      raise ValueError(f"the rollout engine decodes on a ('data', "
+                       f"'tensor') mesh, not {dict(mesh.shape)}")
+    return DataGroups(sampler, decode_batch, chunk_steps, append_tokens)
+  return SlotDevice(sampler, decode_batch, chunk_steps, append_tokens)

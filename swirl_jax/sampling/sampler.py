@@ -59,10 +59,15 @@ class SamplerConfig(config_lib.FromConfig):
   stop_state_buckets: tuple[int, ...] = (16, 64, 256, 1024)
   keep_stop_string: bool = True  # In the returned text.
   eos_ids: tuple[int, ...] | None = None  # None: tokenizer's, else model's.
-  # Decode over this many of the host's devices, weights and KV heads over
-  # 'tensor' (every row on each); 0: all of them from 1B parameters, else
-  # one. Ignored when the Sampler is given a mesh.
+  # Decode on the host's devices as a ('data', 'tensor') mesh
+  # (`decode_layout`): weights and KV heads over 'tensor', rows over
+  # 'data', each data group holding the weights once. tensor_parallel:
+  # devices per group (0: from 1B params, the most that divide the heads,
+  # KV heads and the host's devices; else 1). data_parallel: groups (0:
+  # from 1B params, the host's devices / tensor_parallel; else 1). Ignored
+  # when the Sampler is given a mesh.
   tensor_parallel: int = 1
+  data_parallel: int = 1
 
 
 @dataclasses.dataclass
@@ -153,7 +158,7 @@ class Sampler:
                rules=shd.DEFAULT_RULES, token_bytes=None):
     self.cfg, self.tokenizer = cfg, tokenizer
     if mesh is None:
-      mesh = decode_mesh(config.tensor_parallel, cfg)
+      mesh = decode_mesh(config, cfg)
     self.config, self.mesh, self.rules = config, mesh, rules
     self.params = params
     self._token_bytes_src = token_bytes
@@ -505,19 +510,35 @@ class _Programs:
     self.take = jax.jit(counted("take", _take_rows))
 
 
-def decode_mesh(tensor_parallel: int, cfg: ModelConfig):
-  """The host's devices a `Sampler` decodes over (`tensor_parallel`, see
-  `SamplerConfig`), as a ('tensor',) mesh; None: one device."""
-  n = tensor_parallel
-  if n == 0:
-    n = jax.local_device_count() if loading.num_params(cfg) >= \
-        loading.BIG_MODEL_PARAMS else 1
-  if n == 1:
+def decode_layout(host_devices: int, cfg: ModelConfig, tensor_parallel: int,
+                  data_parallel: int) -> tuple[int, int]:
+  """(data groups, devices per group) a host decodes with (see
+  `SamplerConfig`). KV heads split evenly over 'tensor': a 7B model with 4
+  KV heads on 8 devices decodes as 2 groups of 4, not 8 devices each
+  holding every head of every row."""
+  big = loading.num_params(cfg) >= loading.BIG_MODEL_PARAMS
+  t = tensor_parallel
+  if t == 0:
+    t = max(n for n in range(1, host_devices + 1) if host_devices % n == 0
+            and cfg.num_kv_heads % n == 0 and cfg.num_heads % n == 0) \
+        if big else 1
+  d = data_parallel or (host_devices // t if big else 1)
+  if t < 1 or d < 1 or t * d > host_devices:
+    raise ValueError(f"sampler.tensor_parallel={tensor_parallel}, "
+                     f"data_parallel={data_parallel}: {d} x {t} devices, "
+                     f"and a host has {host_devices}")
+  return d, t
+
+
+def decode_mesh(config: SamplerConfig, cfg: ModelConfig):
+  """The ('data', 'tensor') mesh of the host's devices a `Sampler` decodes
+  on (`decode_layout`); None: one device."""
+  d, t = decode_layout(jax.local_device_count(), cfg, config.tensor_parallel,
+                       config.data_parallel)
+  if d * t == 1:
     return None
-  if not 0 < n <= jax.local_device_count():
-    raise ValueError(f"sampler.tensor_parallel={tensor_parallel}: this host "
-                     f"has {jax.local_device_count()} devices")
-  return shd.make_mesh([("tensor", n)], jax.local_devices()[:n])
+  return shd.make_mesh([("data", d), ("tensor", t)],
+                       jax.local_devices()[:d * t])
 
 
 _PROGRAMS: dict[tuple, _Programs] = {}

@@ -28,12 +28,11 @@ from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import decoding
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def init(cfg: ModelConfig, rows: int, length: int, dtype: str | None):
   """(cache, logits, stop states) of `rows` empty rows, plus one scratch
-  row (index `rows`) that batch padding reads and writes. Under
-  `sharding.use_mesh` each device allocates only its shard (KV heads over
-  'tensor')."""
+  row (index `rows`) that batch padding reads and writes. Jitted under
+  `sharding.use_mesh` (`Programs.init`), each device allocates only its
+  shard (KV heads over 'tensor')."""
   cache = decoder.init_cache(cfg, rows + 1, length, dtype)
   cache["index"] = jnp.zeros((rows + 1,), jnp.int32)
   return (decoding.constrain_cache(cache),
@@ -129,11 +128,14 @@ def decode_chunk(params, cfg: ModelConfig, cache, logits_MV, stop_M, rows_R,
 
 
 class Programs:
-  """`append` and `decode_chunk` jitted for one model config; the cache,
-  logits and stop states are donated (updated in place)."""
+  """`init`, `append` and `decode_chunk` jitted for one model config and
+  mesh (a trace holds its mesh's shardings); the cache, logits and stop
+  states are donated (updated in place)."""
 
   def __init__(self, cfg: ModelConfig):
     self.trace_counts = collections.Counter()
+    self.init = jax.jit(functools.partial(init, cfg),
+                        static_argnums=(0, 1, 2))
     counted = functools.partial(decoding.count_traces, self.trace_counts)
 
     def append_(params, cache, logits, stop, rows, fresh, tokens, mask,
