@@ -30,7 +30,7 @@ ROWS = (
     ("simpletir_math.py", "llama3_2_1b", "h100", 8),
     ("swirl_gsm8k.py", "gemma2_9b", "h100", 8),
     ("swirl_gsm8k.py", "gemma2_27b", "h200", 8),
-    ("swirl_gsm8k.py", "gemma2_27b", "v4", 32),
+    ("swirl_gsm8k.py", "gemma2_27b", "v5p", 16),
     ("swirl_gsm8k.py", "qwen3_8b", "v5p", 8),
 )
 

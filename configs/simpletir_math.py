@@ -51,6 +51,9 @@ def get_config(arg=None):
   # of tensor-parallel devices (`sampler.decode_layout`).
   c.sampler = dict(max_cache_len=16384, tensor_parallel=0,
                    data_parallel=0)
+  # The rollout engine, per data group of the decode mesh: cache rows
+  # (trajectories in flight), rows decoded together, steps per chunk.
+  c.engine = dict(slots=32, decode_batch=16, chunk_steps=8)
   # Every N iterations (0: off), the gradient norm of the void rows alone
   # vs the kept rows alone: one extra backward on the iteration's batch.
   c.void_grad_every = 0

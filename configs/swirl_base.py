@@ -72,8 +72,14 @@ def get_config(arg=None):
   c.tools = dict(names=(), search_corpus="", search_k=3)
   # 0, 0: decode from 1B params on all of a host's devices, as data groups
   # of tensor-parallel devices (`sampler.decode_layout`).
+  # max_rows: stage 2 samples 32 rows a generate call.
   c.sampler = dict(max_cache_len=8192, tensor_parallel=0,
-                   data_parallel=0)
+                   data_parallel=0, max_rows=32)
+  # The rollout engine, per data group of the decode mesh: cache rows
+  # (trajectories in flight), rows decoded together, steps per chunk.
+  # Sized for Gemma 2 27B on a v5p host's 4 chips (the fit job: 81 of 95
+  # GiB with the train state); smaller models can take more.
+  c.engine = dict(slots=16, decode_batch=8, chunk_steps=8)
   c.stage1 = dict(samples=5, tasks_per_batch=64, temperature=1.0, top_p=1.0,
                   max_turns=10, max_new_tokens=512, max_response_tokens=4096,
                   drop_easy=False, easy_max_calls=1)

@@ -94,18 +94,20 @@ def print_report(r: dict) -> None:
         f"{r['chip']} ({r['hbm_gib']} GiB HBM; limit {r['limit_gib']} GiB)")
   print(f"  mesh {r['mesh']}, remat {r['remat']}, dtype {r['dtype']}, "
         f"params {r['param_dtype']}, attention {r['attention_impl']}")
+  gen = f"generate {r['sampler_rows']} rows, " if r["sampler_rows"] else ""
   print(f"  train: {r['train_rows']} x {r['seq_len']} tokens, "
         f"{r['micro_batches']} micro-batches; sampler on a host's "
         f"{r['data_parallel']} data group(s) x {r['tensor_parallel']} "
-        f"device(s): generate {r['sampler_rows']} rows, engine "
-        f"{r['engine_slots']} slots a group, x {r['cache_len']} slots of "
-        "cache")
+        f"device(s): {gen}engine {r['engine_slots']} slots a group, x "
+        f"{r['cache_len']} slots of cache")
   if r["stand_in_layers"]:
     print(f"  extrapolated from {r['stand_in_layers']}-layer stand-ins to "
           f"{r['num_layers']} layers")
   print(f"  {'program':<14}{'args GiB':>10}{'temp GiB':>10}"
         f"{'peak GiB':>10}")
   for name in ("train",) + fit_programs.SAMPLER_PROGRAMS:
+    if name not in figs:
+      continue
     m = figs[name]
     print(f"  {name:<14}{m['args']:>10.2f}{m['temp']:>10.2f}"
           f"{m['peak']:>10.2f}")

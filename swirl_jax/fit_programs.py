@@ -41,7 +41,7 @@ def default_config() -> ml_collections.ConfigDict:
       train_block="",  # '' = the first of train, rl_train, sft_train.
       train_rows=0,  # 0 = the block's mini_batch_size.
       seq_len=0,  # 0 = max_seq_len, stage2.max_len or the cache length.
-      sampler_rows=64,  # rows of one generate call.
+      sampler_rows=64,  # generate's rows where sampler.max_rows is 0.
       prompt_len=1024, decode_steps=1024,
       # 'target': what the chip runs, compiled here as a stand-in of the
       # same memory: TPU splash, or for cuDNN's flash attention (GPUs) the
@@ -95,7 +95,10 @@ class Setup:
         int(sampler.get("data_parallel", 1)))
     self.engine = engine_lib.EngineConfig.from_config(
         config.get("engine") or {})
-    self.sampler_rows = int(f.sampler_rows)
+    # `generate` runs in SWiRL's stage 2 (rows: `sampler.max_rows` a
+    # call); rollouts go through the engine.
+    self.sampler_rows = int(sampler.get("max_rows", 0) or f.sampler_rows) \
+        if "stage2" in config else 0
     self.prompt_len = min(int(f.prompt_len), self.cache_len)
     self.decode_steps = int(f.decode_steps)
     self.preset = model.preset
@@ -222,15 +225,18 @@ def measure_sampler(setup: Setup, cfg, memory_fn) -> dict:
   """Per-device figures of the sampler's programs as the jobs run them, on
   one host's devices as `Sampler` lays them out (weights and KV heads
   over 'tensor', rows over 'data'): `generate`'s prefill and decode
-  (`fit.sampler_rows` rows) and, on one data group, the rollout engine's
+  (where the config runs it: SWiRL's stage 2, `sampler.max_rows` or else
+  `fit.sampler_rows` rows) and, on one data group, the rollout engine's
   append and decode chunk (its slot cache: `engine.slots` rows), each at
   the full cache."""
   d, t = setup.data_parallel, setup.tensor_parallel
   mesh = shd.make_mesh([("data", d), ("tensor", t)], jax.devices()[:d * t])
   rules = shd.DEFAULT_RULES  # The Sampler's: rows over 'data'.
-  with shd.use_mesh(mesh, rules):
-    figs = _generate(setup, cfg, _decode_params(cfg, mesh, rules), mesh,
-                     rules, memory_fn)
+  figs = {}
+  if setup.sampler_rows:
+    with shd.use_mesh(mesh, rules):
+      figs = _generate(setup, cfg, _decode_params(cfg, mesh, rules), mesh,
+                       rules, memory_fn)
   group = shd.make_mesh([("tensor", t)], jax.devices()[:t])
   rules = decoding.decode_rules(rules)  # The engine's: rows whole.
   with shd.use_mesh(group, rules):
@@ -337,7 +343,7 @@ def measure(config, backend: str,
 def peaks(figs: dict) -> tuple[float, float]:
   """(train step, sampler) per-device peak GiB; the sampler's adds the
   train state, which stays on the devices while rollouts run."""
-  sampler = max(figs[k]["peak"] for k in SAMPLER_PROGRAMS)
+  sampler = max(figs[k]["peak"] for k in SAMPLER_PROGRAMS if k in figs)
   return figs["train"]["peak"], figs["state"]["args"] + sampler
 
 

@@ -51,11 +51,21 @@ def row_seeds(units: Sequence[StepUnit], g: int, seed: int) -> list[int]:
 def sample_actions(sampler, units: Sequence[StepUnit], c: Stage2Config,
                    seed: int) -> Actions:
   prompts = [u.state_ids for u in units for _ in range(c.samples_per_state)]
-  res = sampler.generate(prompts, max_new_tokens=c.max_new_tokens,
-                         stop_strings=tuple(parsing.stop_strings("swirl")),
-                         temperature=c.temperature, top_p=c.top_p,
-                         seed=row_seeds(units, c.samples_per_state, seed))
-  return Actions(res.tokens, res.logprobs, res.texts)
+  seeds = row_seeds(units, c.samples_per_state, seed)
+  # In calls of at most `max_rows` rows (the KV cache a call allocates);
+  # each row's seed is its own, so the split does not change the samples.
+  step = sampler.config.max_rows or len(prompts)
+  out = Actions([], [], [])
+  for lo in range(0, len(prompts), step):
+    res = sampler.generate(prompts[lo:lo + step],
+                           max_new_tokens=c.max_new_tokens,
+                           stop_strings=tuple(parsing.stop_strings("swirl")),
+                           temperature=c.temperature, top_p=c.top_p,
+                           seed=seeds[lo:lo + step])
+    out.ids.extend(res.tokens)
+    out.logprobs.extend(res.logprobs)
+    out.texts.extend(res.texts)
+  return out
 
 
 def score_actions(judge, units: Sequence[StepUnit], actions: Actions,
