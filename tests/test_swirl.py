@@ -97,10 +97,10 @@ class _LengthJudge:
 
 
 def test_stage2_samples_do_not_depend_on_the_batch_split():
-  """What makes stage 2's split over hosts exact: a state's G sampled
-  actions and rewards are the same (log-probs to rounding) whether it is
-  sampled with the whole step's states or with part of them, and survive
-  the text the hosts exchange."""
+  """What makes stage 2's split over hosts and generate calls exact: a
+  state's G sampled actions and rewards are the same (log-probs to
+  rounding) whether it is sampled with the whole step's states or with
+  part of them, and survive the text the hosts exchange."""
   from swirl_jax.models import presets  # pylint: disable=g-import-not-at-top
   from swirl_jax.sampling.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
   cfg = presets.get_preset("tiny")
@@ -129,6 +129,11 @@ def test_stage2_samples_do_not_depend_on_the_batch_split():
   other = stage2.unpack(stage2.sample_and_score(
       sampler, _LengthJudge(), units, c, seed=6))[0]
   assert other.ids != acts.ids  # The step's seed matters.
+  # In generate calls of at most 5 rows (12 rows: 5 + 5 + 2): the same.
+  small = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=64,
+                                                  max_rows=5))
+  split = stage2.sample_actions(small, units, c, seed=5)
+  assert split.ids == direct.ids and split.texts == direct.texts
 
 
 def test_stage2_batch_and_loss_equal_the_formulas():
