@@ -207,8 +207,9 @@ def test_from_config_rejects_unknown_keys(cls, key):
 
 def test_tools_block_rejects_unknown_keys():
   with pytest.raises(config_lib.ConfigError, match=r"^tools: unknown key "
-                     r"'search_kk'; valid: names, sandbox_memory_mb, "
-                     r"sandbox_timeout_s, search_corpus, search_k$"):
+                     r"'search_kk'; valid: names, sandbox_cpus, "
+                     r"sandbox_memory_mb, sandbox_timeout_s, search_corpus, "
+                     r"search_k$"):
     registry.from_config(config_lib.parse_arg("", names=("calculator",),
                                               search_kk=3))
 
