@@ -13,9 +13,10 @@ that, on top of `jax.distributed` and `jax.experimental.multihost_utils`:
   `place_rows(full, sharding)` (each host the same whole batch): one global
   array per field, after a cross-host check of names, shapes and dtypes
   that fails on every host with a message naming the host that differs.
-- `gather(rows)` / `to_host(x)` / `local_copy(x)`: values every host needs,
-  from process-local rows or from globally sharded arrays (never a
-  `device_get` of a non-addressable array).
+- `gather(rows)` / `to_host(x)`: values every host needs, from
+  process-local rows or from globally sharded arrays (never a `device_get`
+  of a non-addressable array); `to_local(tree, shardings)`: this host's
+  copy of global arrays on its own mesh, device to device.
 - `is_writer()`, `one_writer(what)`: one process writes each file;
   `host_file(path)`: a file of this host's own.
 - `check_shared_workdir(workdir)`: a workdir every host sees, or a clear
@@ -43,6 +44,7 @@ import jax
 import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
 
 # Settings `initialize` reads; the launchers in launch/ set them. JAX reads
 # JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS itself, too.
@@ -338,20 +340,39 @@ def gather(tree: Any) -> Any:
   return jax.tree.unflatten(treedef, out)
 
 
-def local_copy(tree: Any) -> Any:
-  """Global arrays as copies on this host's first device (a collective for
-  sharded ones): for work each host does alone, e.g. sampling its share.
-  One process: `tree` itself."""
+def to_local(tree: Any, shardings: Any) -> Any:
+  """Global arrays (sharded over every host's devices, as the trainer's
+  params) as this host's own arrays laid out by `shardings`: NamedShardings
+  on a mesh of this host's first devices, the same layout on every host
+  (the sampler's decode mesh). Device to device, a leaf at a time: each
+  leaf is resharded onto a mesh of every device holding copies of that
+  local mesh (replicated over hosts and copies), and each host keeps the
+  shards of its first copy. One process: `device_put`."""
   if jax.process_count() == 1:
-    return tree
-  device = jax.local_devices()[0]
-  def one(x):
-    if not isinstance(x, jax.Array) or x.is_fully_addressable:
-      return x
-    if x.is_fully_replicated:
-      return jax.device_put(x.addressable_data(0), device)
-    return jax.device_put(to_host(x), device)
-  return jax.tree.map(one, tree)
+    return jax.device_put(tree, shardings)
+  return jax.tree.map(_to_local, tree, shardings)
+
+
+def _to_local(x, s: NamedSharding):
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return jax.device_put(x, s)
+  local = s.mesh.devices
+  count = jax.local_device_count()
+  if count % local.size:  # No mesh of every device holds it: via the host.
+    return jax.device_put(to_host(x), s)
+  # A cross-host reshard keeps the device set: every host's devices, as
+  # `count // local.size` copies of the local mesh (the first is it).
+  grid = np.stack([np.array([d for d in jax.devices() if d.process_index == p
+                            ]).reshape((-1,) + local.shape)
+                   for p in range(jax.process_count())])
+  if not (grid[jax.process_index(), 0] == local).all():
+    raise ValueError("to_local: the local mesh must be this host's first "
+                     f"{local.size} devices in order")
+  everyone = Mesh(grid, ("hosts", "copies") + tuple(s.mesh.axis_names))
+  g = jax.device_put(x, NamedSharding(everyone, s.spec))
+  mine = {shard.device: shard.data for shard in g.addressable_shards}
+  return jax.make_array_from_single_device_arrays(
+      x.shape, s, [mine[d] for d in local.flat])
 
 
 def gather_texts(texts: Sequence[str], what: str = "records",

@@ -69,6 +69,25 @@ def _workdir_errors(out):
   return ""
 
 
+def _to_local_result(mesh) -> dict:
+  """A weight sharded over every host's devices, brought to two local
+  layouts: its values, and where each result's shards are."""
+  w = jax.device_put(np.arange(64.0, dtype=np.float32).reshape(8, 8),
+                     NamedSharding(mesh, P("data", None)))
+  local = jax.local_devices()
+  out = {}
+  for name, shape in (("tensor2", (1, 2)), ("data2_tensor2", (2, 2))):
+    m = sharding.make_mesh([("data", shape[0]), ("tensor", shape[1])],
+                           local[:shape[0] * shape[1]])
+    y = distributed.to_local(w, NamedSharding(m, P(None, "tensor")))
+    out[name] = dict(
+        values=np.asarray(y).tolist(), addressable=y.is_fully_addressable,
+        devices=sorted(d.id for d in y.devices()),
+        shard=list(y.addressable_shards[0].data.shape))
+  out["local_ids"] = [d.id for d in local]
+  return out
+
+
 def main_scenario(out: pathlib.Path) -> dict:
   share = distributed.host_share(PAIRS, RUN_SEED)
   mesh = sharding.make_mesh([("data", -1)])
@@ -104,6 +123,7 @@ def main_scenario(out: pathlib.Path) -> dict:
       "log_lines": (shared / "log.txt").read_text().splitlines(),
       "writer_failure": _writer_failure(shared),
       "workdir_error": _workdir_errors(out),
+      "to_local": _to_local_result(mesh),
   }
 
 

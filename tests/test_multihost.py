@@ -132,6 +132,22 @@ def test_sharded_output_needs_to_host(runs):
   assert [h["direct_device_get"] for h in hosts] == ["RuntimeError"] * 2
 
 
+def test_to_local_brings_global_params_to_a_host_mesh(runs):
+  """The trainer's params (sharded over both hosts' 8 devices) onto each
+  host's own decode mesh, device to device: the whole value, split over
+  'tensor' and on that host's devices only."""
+  single, hosts = runs
+  want = np.arange(64.0).reshape(8, 8).tolist()
+  for h in hosts + [single]:
+    got = h["to_local"]
+    for name, n in (("tensor2", 2), ("data2_tensor2", 4)):
+      assert got[name]["values"] == want
+      assert got[name]["addressable"]
+      assert got[name]["devices"] == sorted(got["local_ids"][:n])
+      assert got[name]["shard"] == [8, 4]
+  assert hosts[0]["to_local"]["local_ids"] != hosts[1]["to_local"]["local_ids"]
+
+
 def test_one_writer_writes_once_and_reports_its_failure(runs):
   _, hosts = runs
   assert [h["log_lines"] for h in hosts] == [["one line"]] * 2

@@ -178,11 +178,19 @@ class Sampler:
 
   @params.setter
   def params(self, params):
-    if self.mesh is not None:  # Laid out for this mesh (device to device).
-      params = jax.device_put(params, decoding.param_shardings(
-          self.cfg, self.mesh, self.rules,
+    """Takes params in any layout, this host's or sharded over every host
+    (the trainer's): this host's copy, laid out for its decode mesh,
+    device to device (`distributed.to_local`)."""
+    if self.mesh is not None or jax.process_count() > 1:
+      params = distributed.to_local(params, self._layout(
           split=isinstance(params["layers"], (tuple, list))))
     self._params = _split_layers(params)
+
+  def _layout(self, split: bool):
+    """The params' shardings on the decode mesh (no mesh: this host's
+    first device)."""
+    mesh = self.mesh or shd.make_mesh([("one", 1)], jax.local_devices()[:1])
+    return decoding.param_shardings(self.cfg, mesh, self.rules, split)
 
   @property
   def trace_counts(self) -> collections.Counter:

@@ -98,8 +98,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   del params  # The trainer's state holds the weights.
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))
-  sampler = make_sampler(distributed.local_copy(trainer.sampling_params()),
-                         cfg, tok)
+  sampler = make_sampler(trainer.sampling_params(), cfg, tok)
   rollout = engine_lib.RolloutEngine(sampler, tok, tools, rollout_cfg,
                                      engine_cfg)
   drawn = max(c.prompts_per_step, min(len(tasks), oversample.prompts_drawn(
@@ -115,7 +114,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
     for it, batch_tasks in prompt_batches(tasks, drawn, c.seed, start):
       if it >= c.num_iterations:
         break
-      sampler.params = distributed.local_copy(trainer.sampling_params())
+      sampler.params = trainer.sampling_params()
       rollout.config = loop_lib.RolloutConfig.from_config(
           dict(c.rollout, seed=c.seed * 100003 + it))
       if jax.process_count() == 1:  # Groups scored as they complete.

@@ -258,8 +258,8 @@ def _rl(c, workdir):
                if _borrows_policy(c.reward) else None)
   reward = _judge(c.reward, _tasks(c, "train"), judged_by, name="reward")
   trainer = trainer_lib.Trainer(tc, str(work), cfg, params=params, mesh=mesh)
-  sampler = Sampler(distributed.local_copy(trainer.sampling_params()), cfg,
-                    tok, SamplerConfig.from_config(c.sampler))
+  sampler = Sampler(trainer.sampling_params(), cfg, tok,
+                    SamplerConfig.from_config(c.sampler))
   ref_fn = ref_params = None
   if tc.loss.kl_coef > 0:  # The frozen initial policy, for the KL term.
     ref_params = loading.load_policy(base, mesh=trainer.mesh,
@@ -273,7 +273,7 @@ def _rl(c, workdir):
                                                c.seed, trainer.data_pos):
       if it >= c.rl_iterations:
         break
-      sampler.params = distributed.local_copy(trainer.sampling_params())
+      sampler.params = trainer.sampling_params()
       actions, rewards = stage2.unpack(distributed.run_shared(
           lambda part: stage2.sample_and_score(  # pylint: disable=cell-var-from-loop
               sampler, reward, part, s, seed=c.seed * 7919 + it),
