@@ -28,7 +28,7 @@ raising and the others waiting in a collective. Every function here that
 exchanges data is a collective: call it on every host, in the same order.
 With one process they all reduce to the plain local operation.
 
-One module (~490 lines) on purpose: the checks, exchanges and writers share
+One module (~510 lines) on purpose: the checks, exchanges and writers share
 the one rule above (every host runs the same collectives in the same
 order), which is easier to keep when it is read in one place.
 """
@@ -45,6 +45,8 @@ import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
+
+from swirl_jax import sharding as shd
 
 # Settings `initialize` reads; the launchers in launch/ set them. JAX reads
 # JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS itself, too.
@@ -369,10 +371,8 @@ def _to_local(x, s: NamedSharding):
     raise ValueError("to_local: the local mesh must be this host's first "
                      f"{local.size} devices in order")
   everyone = Mesh(grid, ("hosts", "copies") + tuple(s.mesh.axis_names))
-  g = jax.device_put(x, NamedSharding(everyone, s.spec))
-  mine = {shard.device: shard.data for shard in g.addressable_shards}
-  return jax.make_array_from_single_device_arrays(
-      x.shape, s, [mine[d] for d in local.flat])
+  return shd.reuse_shards(jax.device_put(x, NamedSharding(everyone, s.spec)),
+                         s)
 
 
 def gather_texts(texts: Sequence[str], what: str = "records",

@@ -8,9 +8,10 @@ Compiles, for `fit.devices` fake CPU devices laid out as the config's mesh,
 the train step (the config's training block, at its mini-batch and sequence
 length) and the sampler's programs on one host's devices as the jobs lay
 them out (`sampler.decode_layout`: data groups of tensor-parallel devices;
-`generate` with `fit.sampler_rows` rows, the rollout engine with
-`engine.slots` rows a group; `sampler.max_cache_len` slots), all from
-abstract inputs
+the rollout engine with `engine.slots` rows a group and, where the config
+runs it (SWiRL stage 2), `generate` with `sampler.max_rows` rows or else
+`fit.sampler_rows`; `sampler.max_cache_len` slots), all from abstract
+inputs
 (`jax.ShapeDtypeStruct`s with shardings): no weights are allocated. Prints
 per-device memory from `compiled.memory_analysis()` (arguments,
 temporaries, peak) against the chip's HBM (swirl_jax/chips.py), the verdict

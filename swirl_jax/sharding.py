@@ -101,6 +101,22 @@ def place(host_tree: Any, shardings: Any) -> Any:
 _ACTIVE: dict[str, Any] = {"mesh": None, "rules": DEFAULT_RULES}
 
 
+def reuse_shards(x, s: NamedSharding):
+  """`x` laid out by `s`. Where each of s's devices already holds in `x`
+  the part `s` gives it (one data group's share of an array replicated
+  over the groups, one host's of a global array), the result is made of
+  those same buffers, with no copy; else a `device_put`."""
+  if not isinstance(x, jax.Array):
+    return jax.device_put(x, s)
+  have = x.sharding.devices_indices_map(x.shape)
+  want = s.devices_indices_map(x.shape)
+  if any(have.get(d) != idx for d, idx in want.items()):
+    return jax.device_put(x, s)
+  mine = {shard.device: shard.data for shard in x.addressable_shards}
+  return jax.make_array_from_single_device_arrays(
+      x.shape, s, [mine[d] for d in s.mesh.devices.flat])
+
+
 @contextlib.contextmanager
 def use_mesh(mesh: Mesh | None, rules=DEFAULT_RULES):
   """Activation constraints in model code apply while this is active."""

@@ -60,13 +60,14 @@ class SlotDevice:
             else shd.use_mesh(self.mesh, self.rules))
 
   def open(self, num_rows: int, max_slots: int) -> int:
-    """Allocates the cache and lays the sampler's current params out for
-    decode (device to device; nothing when they are laid out so already);
-    returns the cache's number of rows (slots)."""
+    """Allocates the cache and takes the sampler's current params on this
+    device's mesh (no copy where they are laid out so already); returns
+    the cache's number of rows (slots)."""
     sc = self.sampler.config
     self._M = min(max_slots, bucket(num_rows, sc.batch_buckets))
+    # A data group's copy is the sampler's own buffers on its devices.
     self._params = self.sampler.params if self.mesh is None else \
-        jax.device_put(self.sampler.params, self._shardings)
+        jax.tree.map(shd.reuse_shards, self.sampler.params, self._shardings)
     with self._on_mesh():
       self._dev = self.programs.init(self._M, self.S, sc.cache_dtype)
     self.shapes = collections.Counter()

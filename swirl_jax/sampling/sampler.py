@@ -13,7 +13,7 @@ slots are invalid in the cache, and every row keeps its own positions.
 States are used once: `generate` and `extend` donate the cache they are given
 (it is updated in place), so keep only the state they return.
 
-The module (~560 lines) holds the one sampler the jobs and the rollout
+The module (~590 lines) holds the one sampler the jobs and the rollout
 engine share: its config, bucketing, program cache and the generate /
 extend / select entry points read as one contract; the decode kernels live
 in `decoding.py` and the engine's slot cache in `slots.py`.
