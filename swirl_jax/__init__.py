@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 
 LAYERS = (
     ("paths", "errors"),
-    ("config_lib", "sharding", "jsonl", "shapes", "chips", "distributed"),
+    ("config_lib", "sharding", "jsonl", "shapes", "chips"),
+    ("distributed",),  # Multi-host start and exchange; lays arrays out.
     ("tools",),  # Plain Python, no JAX.
     ("tasks",),  # Plain Python; answer checkers may use tool parsing.
     ("models", "ops"),  # The decoder and its loaders; pure jnp kernels.
