@@ -136,19 +136,27 @@ def test_logprobs_equal_teacher_forcing(tiny, calc_tools):
 
 
 def test_fixed_programs_and_live_prefix(tiny, calc_tools):
-  """A second rollout of other tasks and seeds compiles nothing; attention
-  reads a bucket of the live context, never the whole cache."""
+  """Programs are keyed by bucketed shapes alone: two rollouts of other
+  tasks and seeds use a small fixed set, compile each shape at most once
+  (a second rollout recompiles none the first used) and attention reads a
+  bucket of the live context, never the whole cache. Which shapes a
+  rollout meets depends on when tools answer, and other tests in the
+  process share the programs: counted here by shape, not in total."""
   rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
                               temperature=1.0)
   _, eng = _pair(tiny, calc_tools, rc)
+  traces = lambda: sum(eng.trace_counts.values())
+  start = traces()
   eng.run(synthetic.arithmetic_tasks(4, seed=6))
-  before = dict(eng.trace_counts)
+  first, mid = set(eng.shapes), traces()
   eng.config = loop_lib.RolloutConfig(fmt="swirl", max_turns=3,
                                       max_new_tokens=32, seed=9)
   eng.run(synthetic.arithmetic_tasks(4, seed=7))
-  assert dict(eng.trace_counts) == before
-  assert sum(before.values()) <= 8, before
-  longest = max(k[-1] for k in eng.shapes)
+  second = set(eng.shapes)
+  assert mid - start <= len(first)
+  assert traces() - mid <= len(second - first)
+  assert len(first | second) <= 8, first | second
+  longest = max(k[-1] for k in first | second)
   assert longest <= 384 < eng.device.S
 
 
