@@ -249,6 +249,28 @@ def test_sampling_matches_the_truncated_distribution(temperature, top_k,
                              atol=1e-5)
 
 
+@pytest.mark.parametrize("top_k,top_p,exact", [
+    ([3, 16, 0, 0], [1.0, 0.5, 0.3, 1.0], True),  # Fits the 16 candidates.
+    ([3, 17, 0, 0], [1.0, 0.5, 0.3, 1.0], False),  # A top-k past them.
+    ([3, 16, 0, 0], [1.0, 0.5, 0.999, 1.0], False)])  # An open nucleus.
+def test_truncation_from_candidates_equals_the_full_sort(top_k, top_p,
+                                                         exact):
+  """Truncating from `lax.top_k` candidates gives the full sort's logits
+  exactly, and says when it cannot (the full sort then answers)."""
+  logits = jax.random.normal(jax.random.key(3), (4, 500)) * 3
+  logits = logits.at[1, :40].set(logits[1, 0])  # Ties across the cut.
+  k, p = jnp.asarray(top_k, jnp.int32), jnp.asarray(top_p)
+  want = distribution._truncate_sorted(logits, k, p)
+  got, ok = distribution._truncate_top(logits, k, p, 16)
+  assert bool(ok) == exact
+  if exact:
+    np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(
+      jax.jit(distribution._truncate, static_argnums=3)(logits, k, p, 16),
+      want)
+  assert (np.isfinite(want).sum(1) > 0).all()
+
+
 def test_greedy_rows_take_the_argmax():
   logits = jnp.asarray([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
   toks, lps = _sample_jit(

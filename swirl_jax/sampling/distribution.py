@@ -15,21 +15,77 @@ import jax.numpy as jnp
 NEG_INF = -jnp.inf
 
 
-def _truncate(scaled_BV, top_k_B, top_p_B):
+# Rows whose kept set lies within their top this-many tokens are truncated
+# from `lax.top_k` alone: 2.7 ms a step for 16 rows of SmolLM2's 49,152
+# logits on a CPU, against 145 ms for the full sort the rest need.
+CANDIDATES = 256
+
+
+def _truncate_sorted(scaled_BV, top_k_B, top_p_B):
   """Sets logits outside the top-k, then outside the nucleus, to -inf."""
   V = scaled_BV.shape[-1]
   sorted_BV = -jnp.sort(-scaled_BV, axis=-1)  # Descending.
-  k_B = jnp.where((top_k_B <= 0) | (top_k_B > V), V, top_k_B)
-  rank_V = jnp.arange(V)
-  in_k_BV = rank_V[None] < k_B[:, None]
-  probs_BV = jax.nn.softmax(jnp.where(in_k_BV, sorted_BV, NEG_INF), axis=-1)
+  return _threshold(scaled_BV, sorted_BV, _nucleus(
+      sorted_BV, None, _k(top_k_B, V), top_p_B)[0])
+
+
+def _k(top_k_B, V: int):
+  return jnp.where((top_k_B <= 0) | (top_k_B > V), V, top_k_B)
+
+
+def _nucleus(top_BC, lse_B, k_B, top_p_B):
+  """(n_B, the count of leading tokens of `top_BC` (descending) the
+  top-k then top-p rule keeps; n_B < C: the rule stopped within them).
+  `lse_B`: the log-normaliser over the top-k (None: over `top_BC`'s first
+  k, which must hold them all)."""
+  C = top_BC.shape[-1]
+  in_k_BC = jnp.arange(C)[None] < k_B[:, None]
+  masked_BC = jnp.where(in_k_BC, top_BC, NEG_INF)
+  if lse_B is None:
+    probs_BC = jax.nn.softmax(masked_BC, axis=-1)
+  else:
+    probs_BC = jnp.exp(masked_BC - lse_B[:, None])
   # Keep the smallest prefix whose mass reaches top_p: a token stays when
   # the mass ranked above it is still short of top_p.
-  before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
-  n_B = jnp.sum(in_k_BV & (before_BV < top_p_B[:, None]), axis=-1)
-  n_B = jnp.where(top_p_B >= 1.0, k_B, jnp.clip(n_B, 1, k_B))
-  thresh_B = jnp.take_along_axis(sorted_BV, (n_B - 1)[:, None], axis=-1)
+  before_BC = jnp.cumsum(probs_BC, axis=-1) - probs_BC
+  n_B = jnp.sum(in_k_BC & (before_BC < top_p_B[:, None]), axis=-1)
+  return jnp.where(top_p_B >= 1.0, k_B, jnp.clip(n_B, 1, k_B)), n_B < C
+
+
+def _threshold(scaled_BV, top_BC, n_B):
+  thresh_B = jnp.take_along_axis(top_BC, (n_B - 1)[:, None], axis=-1)
   return jnp.where(scaled_BV >= thresh_B, scaled_BV, NEG_INF)
+
+
+def _truncate_top(scaled_BV, top_k_B, top_p_B, candidates: int):
+  """(`_truncate_sorted`'s result from the top `candidates` tokens alone,
+  whether that is exact for every row): it is where the row's kept set lies
+  within them, i.e. top_k <= candidates, or no top-k and the nucleus
+  closes within them."""
+  V = scaled_BV.shape[-1]
+  C = min(candidates, V)
+  top_BC = jax.lax.top_k(scaled_BV, C)[0]
+  k_B = _k(top_k_B, V)
+  small_k_B = k_B <= C
+  # Without top-k the normaliser is over the whole vocabulary.
+  lse_B = jnp.where(small_k_B, jax.nn.logsumexp(
+      jnp.where(jnp.arange(C)[None] < k_B[:, None], top_BC, NEG_INF), -1),
+                    jax.nn.logsumexp(scaled_BV, -1))
+  n_B, closed_B = _nucleus(top_BC, lse_B, k_B, top_p_B)
+  everything_B = (k_B == V) & (top_p_B >= 1.0)  # Nothing truncated.
+  exact = jnp.all(small_k_B | everything_B | ((k_B == V) & closed_B))
+  out_BV = _threshold(scaled_BV, top_BC, jnp.where(everything_B, 1, n_B))
+  return jnp.where(everything_B[:, None], scaled_BV, out_BV), exact
+
+
+def _truncate(scaled_BV, top_k_B, top_p_B, candidates: int = CANDIDATES):
+  """`_truncate_sorted`, from the top `candidates` tokens where that is
+  exact for every row, else from the full sort."""
+  if candidates >= scaled_BV.shape[-1]:
+    return _truncate_sorted(scaled_BV, top_k_B, top_p_B)
+  out_BV, exact = _truncate_top(scaled_BV, top_k_B, top_p_B, candidates)
+  return jax.lax.cond(exact, lambda *_: out_BV, _truncate_sorted, scaled_BV,
+                      top_k_B, top_p_B)
 
 
 def sampling_logits(logits_BV, temperature_B, top_k_B, top_p_B):
@@ -53,10 +109,13 @@ def sampling_logits(logits_BV, temperature_B, top_k_B, top_p_B):
   V = logits_BV.shape[-1]
   truncating_B = ~greedy_B & (((top_k_B > 0) & (top_k_B < V))
                               | (top_p_B < 1.0))
-  # A full-vocabulary sort costs milliseconds per step on a CPU: only pay
-  # for it when some row truncates.
+  # Only pay for truncation when some row truncates.
+  # Rows that do not truncate (greedy ones included) ask for nothing, so
+  # their settings never send the batch to the full sort.
   out_BV = jax.lax.cond(jnp.any(truncating_B), _truncate,
-                        lambda x, *_: x, scaled_BV, top_k_B, top_p_B)
+                        lambda x, *_: x, scaled_BV,
+                        jnp.where(truncating_B, top_k_B, 0),
+                        jnp.where(truncating_B, top_p_B, 1.0))
   return jnp.where(greedy_B[:, None], logits_BV, out_BV)
 
 
