@@ -239,7 +239,13 @@ def main():
   distributed.initialize(timeout_s=60)
   jax.config.update("jax_default_matmul_precision", "highest")  # conftest's.
   if scenario in BAD:
-    BAD[scenario]()
+    try:
+      BAD[scenario]()
+    except Exception as e:  # The test reads it whole: logging threads of
+      # the runtime may write into the middle of the printed traceback.
+      (out / f"error_{jax.process_index()}.txt").write_text(
+          f"{type(e).__name__}: {e}")
+      raise
     return
   if scenario in JOBS:
     JOBS[scenario](out / "work")

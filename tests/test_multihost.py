@@ -181,9 +181,11 @@ def test_different_batch_shapes_fail_on_both_hosts_fast(tmp_path, scenario,
   # timed from the later host's start of it to both hosts' exit.
   codes, outputs, _ = _run_pair(scenario, tmp_path, timeout=300)
   ended = time.time()
-  for code, output in zip(codes, outputs):
+  for i, (code, output) in enumerate(zip(codes, outputs)):
     assert code == 1, output[-3000:]
-    assert want in output
+    error = tmp_path / f"error_{i}.txt"
+    assert error.exists(), output[-3000:]
+    assert want in error.read_text(), output[-3000:]
   started = max(float(line.split()[1]) for o in outputs
                 for line in o.splitlines() if line.startswith("CHECKING_AT"))
   assert ended - started < 30  # No hang: a stuck collective never ends.
