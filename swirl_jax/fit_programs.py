@@ -21,7 +21,7 @@ import ml_collections
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from swirl_jax import sharding as shd
-from swirl_jax.models import decoder, presets
+from swirl_jax.models import presets
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.sampling import decoding, slots
 from swirl_jax.sampling import sampler as sampler_lib
@@ -213,12 +213,8 @@ def _decode_params(cfg, mesh, rules):
   """Abstract weights in the compute dtype, layers split, laid out for
   decode as the `Sampler` holds them (`decoding.param_shardings`)."""
   cfg = cfg.replace(param_dtype=cfg.dtype)
-  shapes = decoder.abstract_params(cfg)
-  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
-                     shapes["layers"])
-  shapes = dict(shapes, layers=(one,) * cfg.num_layers)
-  return _abstract(shapes, decoding.param_shardings(cfg, mesh, rules,
-                                                    split=True))
+  return _abstract(decoding.abstract_params(cfg, split=True),
+                   decoding.param_shardings(cfg, mesh, rules, split=True))
 
 
 def measure_sampler(setup: Setup, cfg, memory_fn) -> dict:

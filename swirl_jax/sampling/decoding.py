@@ -223,12 +223,19 @@ def param_shardings(cfg, mesh, rules, split: bool):
   """NamedShardings of the params under `rules`; `split`: with the layers
   as a tuple of per-layer trees (the cached path's layout)."""
   axes = decoder.param_logical_axes(cfg)
-  shapes = decoder.abstract_params(cfg)
   if split:
-    one = lambda x: jax.tree.map(lambda a: P(*a[1:]), x,
-                                 is_leaf=lambda a: isinstance(a, P))
-    drop = lambda x: jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), x)
-    axes = dict(axes, layers=(one(axes["layers"]),) * cfg.num_layers)
-    shapes = dict(shapes, layers=(drop(shapes["layers"]),) * cfg.num_layers)
-  return shd.tree_shardings(axes, shapes, mesh, rules)
+    one = jax.tree.map(lambda a: P(*a[1:]), axes["layers"],
+                       is_leaf=lambda a: isinstance(a, P))
+    axes = dict(axes, layers=(one,) * cfg.num_layers)
+  return shd.tree_shardings(axes, abstract_params(cfg, split), mesh, rules)
+
+
+def abstract_params(cfg, split: bool):
+  """ShapeDtypeStructs of the params; `split`: with the layers as a tuple
+  of per-layer trees (the cached path's layout)."""
+  shapes = decoder.abstract_params(cfg)
+  if not split:
+    return shapes
+  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                     shapes["layers"])
+  return dict(shapes, layers=(one,) * cfg.num_layers)
