@@ -23,6 +23,17 @@ def int_flags(parser, sep: str = "_", **defaults: int) -> None:
                         default=default)
 
 
+def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+  """Fastest of `repeats` timed calls of `fn` (the machine may be shared);
+  `fn` blocks until its result is ready."""
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
 def train_flops(cfg, n_params: int, b: int, t: int, causal: bool) -> float:
   """Forward + backward of a train step: 6 N per token, plus attention.
 

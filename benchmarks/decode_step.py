@@ -41,6 +41,8 @@ from swirl_jax import paths  # pylint: disable=g-import-not-at-top
 from swirl_jax.models import decoder, gguf_io
 from swirl_jax.sampling import decoding, distribution
 
+import common  # pylint: disable=g-bad-import-order
+
 D, N, K, H, F, L = 576, 9, 3, 64, 1536, 30  # SmolLM2-135M.
 
 
@@ -75,15 +77,6 @@ def _step(layers, x):
       gate, up = x @ p["gate"], x @ p["up"]
     x = x + (jax.nn.silu(gate) * up) @ p["down"]
   return x
-
-
-def _best_ms(fn, args, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * min(times)
 
 
 def _draw(truncate):
@@ -153,7 +146,8 @@ def main():
   best = {name: float("inf") for name in runs}
   for i in range(args.rounds):
     for name, (fn, a) in runs.items():
-      ms = _best_ms(fn, a, args.repeats)
+      ms = 1e3 * common.best_seconds(
+          lambda: jax.block_until_ready(fn(*a)), args.repeats)  # pylint: disable=cell-var-from-loop
       best[name] = min(best[name], ms)
       print(f"round {i}: {name} {ms:.2f} ms")
   steps = _model_steps(args.batch, args.repeats)

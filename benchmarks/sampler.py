@@ -45,23 +45,13 @@ from swirl_jax.sampling import sampler as sampler_lib
 import common  # pylint: disable=g-bad-import-order
 
 
-def _best(fn, repeats: int) -> float:
-  """Fastest of `repeats` timed calls (the machine may be shared)."""
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
-
-
 def matmul_rate(m: int, k: int = 576, n: int = 6144, repeats: int = 10):
   """Best FLOP/s of an [m, k] x [k, n] float32 matmul (one layer's worth of
   SmolLM2 weights), the product decoding `m` rows is made of."""
   a = jax.random.normal(jax.random.key(0), (m, k))
   b = jax.random.normal(jax.random.key(1), (k, n))
   f = jax.jit(jnp.dot)
-  return 2 * m * k * n / _best(lambda: f(a, b).block_until_ready(), repeats)
+  return 2 * m * k * n / common.best_seconds(lambda: f(a, b).block_until_ready(), repeats)
 
 
 def ceiling_tok_s(cfg, params, batch: int, prompt_len: int,
@@ -235,8 +225,8 @@ def main():
   # Alternate the two, best of each: the machine's load drifts.
   t_ours, t_peer = [], []
   for _ in range(args.repeats):
-    t_ours.append(_best(run_ours, 1))
-    t_peer.append(_best(run_peer, 1))
+    t_ours.append(common.best_seconds(run_ours, 1))
+    t_peer.append(common.best_seconds(run_peer, 1))
   n = args.batch * args.new_tokens
   ours, peer = n / min(t_ours), n / min(t_peer)
   print(f"swirl_jax: {ours:.1f} tokens/s")
