@@ -2,7 +2,7 @@
 
 A TPU pod slice or a SLURM job runs one process per host; they form one
 SPMD program over a global mesh. This module holds what every job needs for
-that, on top of `jax.distributed` and `jax.experimental.multihost_utils`:
+that, on top of `jax.distributed` and one all-gather (`_allgather`):
 
 - `initialize()`: `jax.distributed.initialize` from the launchers' settings.
 - `host_share(pairs, seed)`, `host_block(n)`: this host's (task, sample)
@@ -28,7 +28,7 @@ raising and the others waiting in a collective. Every function here that
 exchanges data is a collective: call it on every host, in the same order.
 With one process they all reduce to the plain local operation.
 
-One module (~510 lines) on purpose: the checks, exchanges and writers share
+One module (~540 lines) on purpose: the checks, exchanges and writers share
 the one rule above (every host runs the same collectives in the same
 order), which is easier to keep when it is read in one place.
 """
@@ -43,8 +43,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 from etils import epath
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from swirl_jax import sharding as shd
 
@@ -184,6 +183,35 @@ def _fit(text: str, limit: int) -> str:
   return raw[:limit - 24].decode(errors="ignore") + f"... (#{digest})"
 
 
+def _allgather(x: Any, tiled: bool = False) -> np.ndarray:
+  """Every host's `x` (same shape on each) stacked by host, or laid end to
+  end when `tiled`; a global array comes back whole.
+
+  As `multihost_utils.process_allgather`, but it returns only once every
+  local device is done. That one reads one device's copy while the others
+  may still be in the collective; a process that then ends (all hosts
+  raising the same error) shut down the coordination service under them,
+  and its client's teardown waited ~150 s for a gloo connection.
+  """
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if not isinstance(x.sharding, NamedSharding):
+      raise TypeError(f"a global array needs a NamedSharding, not "
+                      f"{type(x.sharding).__name__}")
+    whole = NamedSharding(x.sharding.mesh, P())
+  else:
+    x = np.asarray(x)
+    x = x if tiled and x.ndim else x[None]
+    if jax.process_count() == 1:
+      return x
+    hosts = Mesh(np.array(jax.devices()).reshape(jax.process_count(), -1),
+                 ("hosts", "local"))
+    x = jax.make_array_from_process_local_data(
+        NamedSharding(hosts, P("hosts")), x)
+    whole = NamedSharding(hosts, P())
+  out = jax.jit(lambda a: a, out_shardings=whole)(x).block_until_ready()
+  return np.asarray(out.addressable_data(0))
+
+
 def _allgather_text(text: str) -> list[str]:
   """Every host's `text`, one fixed-size all-gather (cut to fit)."""
   if jax.process_count() == 1:
@@ -191,7 +219,7 @@ def _allgather_text(text: str) -> list[str]:
   raw = _fit(text, _MESSAGE_BYTES).encode()
   buf = np.zeros(_MESSAGE_BYTES, np.uint8)
   buf[:len(raw)] = np.frombuffer(raw, np.uint8)
-  rows = multihost_utils.process_allgather(buf)
+  rows = _allgather(buf)
   return [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]
 
 
@@ -319,7 +347,7 @@ def to_host(tree: Any) -> Any:
       return np.asarray(jax.device_get(x))
     if x.is_fully_replicated:
       return np.asarray(x.addressable_data(0))
-    return multihost_utils.process_allgather(x, tiled=True)
+    return _allgather(x, tiled=True)
   return jax.tree.map(one, tree)
 
 
@@ -336,9 +364,8 @@ def gather(tree: Any) -> Any:
   local = {str(i): np.asarray(x) for i, x in enumerate(leaves)
            if not isinstance(x, jax.Array) or x.is_fully_addressable}
   _check_hosts(_describe(local), "", "gathered values")
-  out = [multihost_utils.process_allgather(x if np.ndim(x) else
-                                           np.reshape(x, (1,)), tiled=True)
-         if str(i) in local else to_host(x) for i, x in enumerate(leaves)]
+  out = [_allgather(x, tiled=True) if str(i) in local else to_host(x)
+         for i, x in enumerate(leaves)]
   return jax.tree.unflatten(treedef, out)
 
 
@@ -386,11 +413,11 @@ def gather_texts(texts: Sequence[str], what: str = "records",
   if jax.process_count() == 1:
     return list(texts)
   raw = json.dumps(list(texts)).encode()
-  sizes = multihost_utils.process_allgather(np.int64(len(raw)))
+  sizes = _allgather(np.int64(len(raw)))
   sizes = [int(n) for n in np.reshape(sizes, -1)]
   buf = np.zeros(max(sizes), np.uint8)
   buf[:len(raw)] = np.frombuffer(raw, np.uint8)
-  rows = multihost_utils.process_allgather(buf)
+  rows = _allgather(buf)
   return [t for row, n in zip(rows, sizes)
           for t in json.loads(bytes(row[:n]).decode())]
 
@@ -446,7 +473,7 @@ def _any_failed(failed: bool) -> list[int]:
   """The hosts that report a failure (a barrier, too)."""
   if jax.process_count() == 1:
     return [0] if failed else []
-  flags = multihost_utils.process_allgather(np.int32(failed))
+  flags = _allgather(np.int32(failed))
   return [int(i) for i in np.flatnonzero(np.reshape(flags, -1))]
 
 
