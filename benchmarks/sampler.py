@@ -51,7 +51,8 @@ def matmul_rate(m: int, k: int = 576, n: int = 6144, repeats: int = 10):
   a = jax.random.normal(jax.random.key(0), (m, k))
   b = jax.random.normal(jax.random.key(1), (k, n))
   f = jax.jit(jnp.dot)
-  return 2 * m * k * n / common.best_seconds(lambda: f(a, b).block_until_ready(), repeats)
+  seconds = common.best_seconds(lambda: f(a, b).block_until_ready(), repeats)
+  return 2 * m * k * n / seconds
 
 
 def ceiling_tok_s(cfg, params, batch: int, prompt_len: int,

@@ -34,6 +34,7 @@ order), which is easier to keep when it is read in one place.
 """
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -208,8 +209,14 @@ def _allgather(x: Any, tiled: bool = False) -> np.ndarray:
     x = jax.make_array_from_process_local_data(
         NamedSharding(hosts, P("hosts")), x)
     whole = NamedSharding(hosts, P())
-  out = jax.jit(lambda a: a, out_shardings=whole)(x).block_until_ready()
+  out = _identity(x, whole).block_until_ready()
   return np.asarray(out.addressable_data(0))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _identity(x, out_sharding):
+  """`x` laid out by `out_sharding`: one compiled program a shape, kept."""
+  return jax.lax.with_sharding_constraint(x, out_sharding)
 
 
 def _allgather_text(text: str) -> list[str]:

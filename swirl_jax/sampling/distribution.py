@@ -16,8 +16,9 @@ NEG_INF = -jnp.inf
 
 
 # Rows whose kept set lies within their top this-many tokens are truncated
-# from `lax.top_k` alone: 2.7 ms a step for 16 rows of SmolLM2's 49,152
-# logits on a CPU, against 145 ms for the full sort the rest need.
+# from `lax.top_k` alone: about 10 ms a draw for 16 rows of SmolLM2's 49,152
+# logits on a CPU, against 150 ms for the full sort the rest need
+# (benchmarks/decode_step.py).
 CANDIDATES = 256
 
 
