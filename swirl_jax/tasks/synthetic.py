@@ -13,6 +13,12 @@ Two families, each fully determined by its seed:
   `SearchTool`). "Who founded the company that makes the X?" needs one
   search per hop; every other paragraph is a distractor. The solution graph
   lists the hops: query, entity, relation, answer, gold paragraph.
+- Look-ups (`lookup_tasks`): "Which colour is box 37?", answered by one
+  search of `lookup_corpus` ("Box 37 is red."). Each box's colour is
+  drawn at random, so nothing in the question says it: a policy answers
+  above chance only by calling the tool and reading its result. One-hop
+  members of the multi-hop family (same answer checker, prompt and
+  programmatic judge).
 
 `reference_turns(task)` gives a gold trajectory in the SWiRL format
 (`<math_exp>` / `<search_query>` steps, then `<answer>`), or for arithmetic
@@ -294,12 +300,58 @@ def multihop_tasks(n: int, seed: int = 0, split: str = "train",
   return tasks
 
 
+# ----------------------------------------------------------------- look-ups.
+
+COLOURS = ("red", "blue", "green", "yellow", "black", "white", "orange",
+           "purple", "pink", "brown", "grey", "gold", "silver", "violet",
+           "cyan", "teal")
+
+
+def _lookup_world(seed: int, num_boxes: int, num_colours: int):
+  """Box number -> colour; boxes are numbered from 10 (two digits or more,
+  so the search tool indexes the number as a word)."""
+  if not 0 < num_colours <= len(COLOURS):
+    raise ValueError(f"num_colours must be in 1..{len(COLOURS)}")
+  rng = random.Random(f"lookup/{seed}")
+  return {10 + i: rng.choice(COLOURS[:num_colours]) for i in range(num_boxes)}
+
+
+def lookup_corpus(seed: int = 0, num_boxes: int = 90,
+                  num_colours: int = 16) -> list[dict]:
+  """One `{title, text}` paragraph per box: "Box 37 is red."."""
+  return [{"title": f"Box {b}", "text": f"Box {b} is {c}."}
+          for b, c in _lookup_world(seed, num_boxes, num_colours).items()]
+
+
+def lookup_tasks(boxes, seed: int = 0, split: str = "train",
+                 num_boxes: int = 90, num_colours: int = 16) -> list[Task]:
+  """"Which colour is box B?" for each B of `boxes` (numbers in
+  10 .. 10 + num_boxes - 1), over the world `lookup_corpus(seed, ...)`."""
+  world = _lookup_world(seed, num_boxes, num_colours)
+  tasks = []
+  for index, b in enumerate(boxes):
+    if b not in world:
+      raise ValueError(f"box {b} is not in 10..{9 + num_boxes}")
+    entity = f"box {b}"
+    hop = {"query": entity, "entity": entity, "relation": "has colour",
+           "answer": world[b], "title": f"Box {b}",
+           "paragraph": f"Box {b} is {world[b]}."}
+    tasks.append(Task(
+        id=f"synthetic_lookup/{split}/{index}",
+        question=f"Which colour is box {b}?", answers=(world[b],),
+        source="synthetic_multihop", split=split,
+        metadata={"solution_graph": [hop], "kind": "lookup", "seed": seed,
+                  "num_boxes": num_boxes, "num_colours": num_colours}))
+  return tasks
+
+
 # ------------------------------------------------------ reference solutions.
 
 _NEEDS = {"made by": "which company makes the {}",
           "founded by": "who founded {}", "born in": "where {} was born",
           "headquartered in": "where {} is headquartered",
-          "in country": "which country {} is in"}
+          "in country": "which country {} is in",
+          "has colour": "which colour {} is"}
 
 
 def _spaced(expression: str) -> str:
