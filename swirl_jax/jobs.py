@@ -30,6 +30,7 @@ JOBS: dict[str, str] = {
     "swirl_seeds": "swirl_jax.swirl.seeds:run",
     "simpletir_train": "swirl_jax.simpletir.train:run",
     "simpletir_eval": "swirl_jax.simpletir.evaluate:run",
+    "simpletir_seeds": "swirl_jax.simpletir.seeds:run",
     "fit": "swirl_jax.fit:run",
 }
 
@@ -40,6 +41,7 @@ TRAINING_JOBS: dict[str, tuple[str, ...]] = {
     "swirl_rl": ("rl_train",),
     "swirl_sft": ("sft_train",),
     "simpletir_train": ("train",),
+    "simpletir_seeds": ("train",),
 }
 # Imported as the jobs are, only by a job that needs it.
 FIT_CHECK = "swirl_jax.fit_programs"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from swirl_jax import config_lib
-from swirl_jax.swirl import seeds
+from swirl_jax.evaluation import seeds
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ def test_aggregate_and_table_by_hand():
                   "rl": {"accuracy": a + d}}
               for s, (a, d) in enumerate([(0.2, 0.1), (0.3, 0.0),
                                           (0.4, 0.2)])}
-  agg = seeds.aggregate(per_seed)
+  agg = seeds.aggregate(per_seed, ("accuracy", "process_correctness"))
   acc = agg["base"]["accuracy"]
   assert acc["mean"] == pytest.approx(0.3)
   assert acc["std"] == pytest.approx(0.1)  # sqrt((.01 + 0 + .01) / 2)
@@ -37,10 +37,19 @@ def test_aggregate_and_table_by_hand():
   assert agg["rl"]["accuracy"]["mean"] == pytest.approx(0.4)
   assert agg["base"]["process_correctness"]["std"] == 0.0
   assert "process_correctness" not in agg["rl"]
-  text = seeds.table(agg)
+  # The paired gain: 0.1, 0.0, 0.2; std 0.1, not beyond its spread.
+  gain = agg["rl − base"]["accuracy"]
+  assert gain["mean"] == pytest.approx(0.1)
+  assert gain["std"] == pytest.approx(0.1)
+  assert not seeds.exceeds_spread(gain)
+  assert seeds.exceeds_spread(dict(mean=0.1, std=0.05, min=0.05, max=0.2))
+  assert not seeds.exceeds_spread(dict(mean=0.1, std=0.05, min=-0.01,
+                                       max=0.2))
+  text = seeds.table(agg, ("accuracy", "process_correctness"))
   assert "| base | 0.300 ± 0.100 (0.200–0.400) | 0.500 ± 0.000" in text
   # rl: 0.3, 0.3, 0.6; std sqrt((.01 + .01 + .04) / 2) = 0.173.
   assert "| rl | 0.400 ± 0.173 (0.300–0.600) | - |" in text
+  assert "| rl − base | +0.100 ± 0.100 (+0.000–+0.200) | - |" in text
 
 
 def test_demo_over_two_seeds_through_main(tmp_path):

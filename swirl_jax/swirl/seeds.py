@@ -5,92 +5,91 @@ held-out table (job `swirl_seeds`):
       --workdir=/tmp/swirl_demo_seeds
 
 Seed s runs the whole pipeline in `<workdir>/seed_<s>` with every `seed`
-field of the config set to s (what `get_config(seed=s)` gives); a seed whose
-run finished (`seed_<s>/done.json`) is not run again, so a killed driver
-resumes. Then `seeds.{json,md}` in the workdir hold, per policy and metric,
-the mean, sample std, min and max over the seeds, and the JSON is printed
-as the last line.
+field of the config set to s (what `get_config(seed=s)` gives); see
+`evaluation/seeds.py` for resuming and the table (mean, sample std, min
+and max per policy and metric, and each policy's paired gain over the
+base). `config.rl_filters` (optional) adds a stage 2 run per filter
+strategy on the seed's same stage 1 (`rl_<strategy>`, beside the
+pipeline's own `rl`, which uses `filter.strategy`), all evaluated
+together. Plots in the workdir: `seeds_reward.png` (stage 2's reward per
+step, a line per seed) and `seeds_heldout.png` (held-out accuracy of each
+policy, a line per seed).
 """
 
-import json
 import pathlib
 
-import ml_collections
-import numpy as np
-from absl import logging
-
 from swirl_jax.evaluation import agent_eval
-from swirl_jax.swirl import jobs
+from swirl_jax.evaluation import seeds as seeds_lib
+from swirl_jax.swirl import jobs, report
 
 METRICS = ("accuracy", "process_correctness", "void_rate")
+_LAST = ("eval", "report")  # Stages that run after every arm is trained.
 
 
-def with_seed(c, seed: int) -> ml_collections.ConfigDict:
-  """A copy of `c` with every field named `seed` set to `seed`."""
-  out = ml_collections.ConfigDict(c.to_dict())
-
-  def walk(d):
-    for k, v in d.items():
-      if isinstance(v, ml_collections.ConfigDict):
-        walk(v)
-      elif k == "seed":
-        d[k] = seed
-  walk(out)
+def arms(c) -> list[tuple[str, str]]:
+  """(policy name, filter strategy) of every stage 2 run of a seed."""
+  out = [("rl", c.filter.strategy)] if "rl" in _stages(c) else []
+  out += [(f"rl_{f}", f) for f in c.get("rl_filters", ())
+          if f != c.filter.strategy or not out]
   return out
 
 
-def aggregate(per_seed: dict[int, dict]) -> dict:
-  """{policy: {metric: {mean, std, min, max, n}}} over the seeds' eval
-  results; std is the sample std (ddof 1; 0 for one seed)."""
-  policies = [p for p in next(iter(per_seed.values()))
-              if all(p in r for r in per_seed.values())]
-  out = {}
-  for p in policies:
-    out[p] = {}
-    for m in METRICS:
-      v = np.array([r[p][m] for r in per_seed.values() if m in r[p]])
-      if len(v):
-        out[p][m] = dict(mean=float(v.mean()),
-                         std=float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-                         min=float(v.min()), max=float(v.max()), n=len(v))
-  return out
+def _stages(c) -> list[str]:
+  return jobs._stage_list(c.stages)  # pylint: disable=protected-access
 
 
-def table(agg: dict) -> str:
-  """Markdown: `mean ± std (min–max)` per policy and metric."""
-  lines = ["| policy | " + " | ".join(METRICS) + " |",
-           "|---" * (len(METRICS) + 1) + "|"]
-  for p, ms in agg.items():
-    cells = [f"{s['mean']:.3f} ± {s['std']:.3f} ({s['min']:.3f}–"
-             f"{s['max']:.3f})" if (s := ms.get(m)) else "-" for m in METRICS]
-    lines.append(f"| {p} | " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+def run_seed(c, workdir) -> None:
+  """The pipeline, each extra filter's stage 2, then eval and report."""
+  stages = _stages(c)
+  first = c.copy_and_resolve_references()
+  first.stages = tuple(s for s in stages if s not in _LAST)
+  jobs.run_pipeline(first, workdir)
+  for name, strategy in arms(c)[1:] if "rl" in stages else arms(c):
+    arm = c.copy_and_resolve_references()
+    arm.stages, arm.rl_name = ("rl",), name
+    arm.filter.strategy = strategy
+    jobs.run_pipeline(arm, workdir)
+  last = c.copy_and_resolve_references()
+  last.stages = tuple(s for s in stages if s in _LAST)
+  trained = [n for n, _ in arms(c)] + (["sft"] if "sft" in stages else [])
+  last.eval.policies = tuple(dict.fromkeys(
+      [p for p in c.eval.policies if p == "base"] + trained))
+  if last.stages:
+    jobs.run_pipeline(last, workdir)
+
+
+def read_seed(workdir) -> dict:
+  res = agent_eval.read(str(pathlib.Path(workdir) / "eval"))
+  if not res:
+    raise FileNotFoundError(f"{workdir}/eval/results.json: missing; the "
+                            "config's stages must include eval")
+  return res
+
+
+def plot(workdir, per_seed: dict, policies) -> None:
+  work = pathlib.Path(workdir)
+  curves = {"stage 2 reward (mean over the step's samples)": {
+      s: [(r["step"], r["reward"])
+          for r in report.stage2_steps(work / f"seed_{s}")]
+      for s in per_seed}}
+  if any(curves["stage 2 reward (mean over the step's samples)"].values()):
+    seeds_lib.plot_curves(curves, work / "seeds_reward.png", xlabel="step")
+  shown = [p for p in policies if all(p in r for r in per_seed.values())]
+  seeds_lib.plot_before_after(per_seed, "accuracy", shown,
+                              work / "seeds_heldout.png")
 
 
 def run(c, workdir):
-  n = int(c.seeds)
-  if n < 1:
-    raise ValueError(f"seeds {n}: the swirl_seeds job needs seeds >= 1")
-  work, per_seed = pathlib.Path(workdir), {}
-  for s in range(n):
-    sub = work / f"seed_{s}"
-    if not (sub / "done.json").exists():
-      logging.info("seed %d of %d: %s", s + 1, n, sub)
-      cs = with_seed(c, s)
-      cs.job, cs.seeds = "swirl_pipeline", 0
-      jobs.run_pipeline(cs, str(sub))
-      (sub / "done.json").write_text(json.dumps({"seed": s}))
-    per_seed[s] = agent_eval.read(str(sub / "eval"))
-    if not per_seed[s]:
-      raise FileNotFoundError(f"{sub}/eval/results.json: missing; the "
-                              "config's stages must include eval")
-  agg = aggregate(per_seed)
-  out = dict(seeds=n, policies=agg)
-  (work / "seeds.json").write_text(json.dumps(out, indent=2))
-  md = table(agg)
-  (work / "seeds.md").write_text(
-      f"Held-out results over {n} seeds: mean ± sample std (min–max).\n\n"
-      + md + "\n")
-  print(md)
-  print(json.dumps(out), flush=True)
+  """The seeds (`evaluation.seeds.run`), then the plots."""
+  out = seeds_lib.run(c, workdir, run_seed=lambda cs, w: run_seed(
+      _pipeline(cs), w), read_seed=read_seed, metrics=METRICS)
+  if out is None:  # One seed of several (only_seed).
+    return None
+  per_seed = {int(s): r for s, r in out["per_seed"].items()}
+  plot(workdir, per_seed, list(next(iter(per_seed.values()))))
   return out
+
+
+def _pipeline(c):
+  c.job = "swirl_pipeline"
+  return c

@@ -1,0 +1,168 @@
+"""A run over several seeds: the mean and spread of its results, and plots.
+
+The methods' seed jobs (`swirl/seeds.py`, `simpletir/seeds.py`) run seed s
+in `<workdir>/seed_<s>` with every `seed` field of the config set to s;
+a seed whose run finished (`seed_<s>/done.json`) is not run again, so a
+killed driver resumes. Then `seeds.{json,md}` in the workdir hold, per
+policy and metric, the mean, sample std, min and max over the seeds, and
+for every policy but the base its paired gain over the base (the mean and
+spread of the per-seed differences, which the seeds' shared variation,
+e.g. a stronger warm start, leaves out). The JSON is printed as the last
+line.
+"""
+
+import json
+import pathlib
+from typing import Callable, Sequence
+
+import ml_collections
+import numpy as np
+from absl import logging
+from matplotlib.figure import Figure  # No pyplot: no global backend.
+
+GAIN = " − base"  # Suffix of a policy's paired gain over the base.
+
+
+def with_seed(c, seed: int) -> ml_collections.ConfigDict:
+  """A copy of `c` with every field named `seed` set to `seed`."""
+  out = ml_collections.ConfigDict(c.to_dict())
+
+  def walk(d):
+    for k, v in d.items():
+      if isinstance(v, ml_collections.ConfigDict):
+        walk(v)
+      elif k == "seed":
+        d[k] = seed
+  walk(out)
+  return out
+
+
+def _stats(v) -> dict:
+  v = np.asarray(v, np.float64)
+  return dict(mean=float(v.mean()),
+              std=float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+              min=float(v.min()), max=float(v.max()), n=len(v))
+
+
+def aggregate(per_seed: dict[int, dict], metrics: Sequence[str],
+              base: str | None = "base") -> dict:
+  """{policy: {metric: {mean, std, min, max, n}}} over the seeds' results
+  ({policy: {metric: value}} each); std is the sample std (ddof 1; 0 for
+  one seed). With a `base` policy, each other policy P also gets
+  'P − base': the same statistics of its per-seed difference."""
+  runs = list(per_seed.values())
+  policies = [p for p in runs[0] if all(p in r for r in runs)]
+  out = {}
+  for p in policies:
+    out[p] = {m: _stats([r[p][m] for r in runs]) for m in metrics
+              if all(m in r[p] for r in runs)}
+  if base in policies:
+    for p in policies:
+      if p != base:
+        out[p + GAIN] = {m: _stats([r[p][m] - r[base][m] for r in runs])
+                         for m in out[p] if m in out[base]}
+  return out
+
+
+def exceeds_spread(s: dict) -> bool:
+  """Whether a gain's mean is larger than its spread over the seeds (its
+  sample std) and every seed's difference has the mean's sign."""
+  same_sign = s["min"] > 0 if s["mean"] > 0 else s["max"] < 0
+  return abs(s["mean"]) > s["std"] and same_sign
+
+
+def table(agg: dict, metrics: Sequence[str]) -> str:
+  """Markdown: `mean ± std (min–max)` per policy and metric; a gain row
+  marks a mean beyond its spread with a '*'."""
+  lines = ["| policy | " + " | ".join(metrics) + " |",
+           "|---" * (len(metrics) + 1) + "|"]
+  for p, ms in agg.items():
+    cells = []
+    for m in metrics:
+      s = ms.get(m)
+      if not s:
+        cells.append("-")
+        continue
+      mark = "*" if p.endswith(GAIN) and exceeds_spread(s) else ""
+      sign = "+" if p.endswith(GAIN) else ""
+      cells.append(f"{s['mean']:{sign}.3f}{mark} ± {s['std']:.3f} "
+                   f"({s['min']:{sign}.3f}–{s['max']:{sign}.3f})")
+    lines.append(f"| {p} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
+        metrics: Sequence[str], base: str | None = "base",
+        note: str = "") -> dict:
+  """Runs `run_seed(config, seed_workdir)` for seeds 0 .. c.seeds - 1
+  (skipping finished ones), reads each with `read_seed(seed_workdir)` ->
+  {policy: {metric: value}}, writes seeds.{json,md}; returns the JSON.
+
+  `c.only_seed` >= 0 runs that seed alone and returns None (seeds as
+  separate processes or jobs; a last run without it writes the table).
+  """
+  n = int(c.seeds)
+  if n < 1:
+    raise ValueError(f"seeds {n}: a seeds job needs seeds >= 1")
+  only = int(c.get("only_seed", -1))
+  if only >= n:
+    raise ValueError(f"only_seed {only}: not one of the {n} seeds")
+  work, per_seed = pathlib.Path(workdir), {}
+  for s in range(n) if only < 0 else (only,):
+    sub = work / f"seed_{s}"
+    if not (sub / "done.json").exists():
+      logging.info("seed %d of %d: %s", s + 1, n, sub)
+      cs = with_seed(c, s)
+      cs.seeds, cs.only_seed = 0, -1
+      run_seed(cs, str(sub))
+      (sub / "done.json").write_text(json.dumps({"seed": s}))
+    per_seed[s] = read_seed(str(sub))
+  if only >= 0:
+    return None
+  agg = aggregate(per_seed, metrics, base)
+  out = dict(seeds=n, policies=agg,
+             per_seed={str(s): r for s, r in per_seed.items()})
+  (work / "seeds.json").write_text(json.dumps(out, indent=2))
+  md = table(agg, metrics)
+  (work / "seeds.md").write_text(
+      f"Results over {n} seeds: mean ± sample std (min–max); a gain "
+      f"row's '*': its mean exceeds its spread.{note}\n\n" + md + "\n")
+  print(md)
+  print(json.dumps(out), flush=True)
+  return out
+
+
+def plot_curves(curves: dict[str, dict[int, list[tuple[float, float]]]],
+                path, xlabel: str = "iteration") -> None:
+  """One panel per quantity ({title: {seed: [(x, y), ...]}}), a line per
+  seed."""
+  fig = Figure(figsize=(5.5, 2.6 * len(curves)))
+  axes = fig.subplots(len(curves), 1, squeeze=False)[:, 0]
+  for ax, (title, by_seed) in zip(axes, curves.items()):
+    for s, pts in sorted(by_seed.items()):
+      if pts:
+        ax.plot(*zip(*pts), marker="o", ms=2, lw=1, label=f"seed {s}")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+
+
+def plot_before_after(per_seed: dict[int, dict], metric: str,
+                      policies: Sequence[str], path,
+                      title: str = "") -> None:
+  """`metric` of each policy, a line per seed joining its policies."""
+  fig = Figure(figsize=(1.2 + 1.1 * len(policies), 3))
+  ax = fig.subplots()
+  x = np.arange(len(policies))
+  for s, r in sorted(per_seed.items()):
+    ax.plot(x, [r[p][metric] for p in policies], marker="o", label=f"seed {s}")
+  ax.set_xticks(x, policies, fontsize=8)
+  ax.set_ylabel(metric)
+  ax.set_title(title or f"held-out {metric}", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
