@@ -108,7 +108,22 @@ def _simpletir_config(**rollout):
   return c
 
 
-def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
+# Grad norms of the 6 updates, recorded from two identical runs each. The
+# scripted sampler's log-probs are not the model's: with them as the old
+# log-probs (old_logprobs='sampler') every ratio is far outside the clip
+# and the gradient is tiny; recomputed by the trainer (SimpleTIR's code)
+# the first mini-batch of each iteration is on-policy (ratio 1).
+_GRAD_NORMS = {
+    "sampler": [5.951700222794898e-05, 0.00010798522271215916,
+                0.000118911630124785, 4.4710355723509565e-05,
+                7.2482529503759e-05, 7.351527165155858e-05],
+    "trainer": [1.032475233078003, 2.46901273727417, 2.5940394401550293,
+                1.7162083387374878, 1.4618982076644897, 1.5273668766021729],
+}
+
+
+@pytest.mark.parametrize("old_logprobs", ["trainer", "sampler"])
+def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch, old_logprobs):
   """Several GRPO iterations; every code block runs in the sandbox.
 
   Turns are replayed (a random tiny model rarely closes a code block), so
@@ -118,6 +133,7 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
   from swirl_jax.tools import sandbox  # pylint: disable=g-import-not-at-top
   c = _simpletir_config()
+  c.old_logprobs = old_logprobs
   ran, answers = [], []
   real = sandbox.Sandbox.run_batch
   monkeypatch.setattr(sandbox.Sandbox, "run_batch", lambda self, s: (
@@ -144,13 +160,14 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
   train.run(c, str(tmp_path), make_sampler=make_sampler)
   assert any("final_answer" in s for s in ran)
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  # 3 iterations x (2 prompts x 4 rows // mini-batch 4) steps. Grad norms:
-  # recorded from two identical runs of this test.
-  np.testing.assert_allclose(
-      [l["grad_norm"] for l in lines],
-      [5.951700222794898e-05, 0.00010798522271215916, 0.000118911630124785,
-       4.4710355723509565e-05, 7.2482529503759e-05, 7.351527165155858e-05],
-      rtol=2e-4)
+  # 3 iterations x (2 prompts x 4 rows // mini-batch 4) steps.
+  np.testing.assert_allclose([l["grad_norm"] for l in lines],
+                             _GRAD_NORMS[old_logprobs], rtol=2e-4)
+  first = [l["ratio_mean"] for l in lines[::2]]  # Each iteration's first.
+  if old_logprobs == "trainer":
+    np.testing.assert_allclose(first, 1.0, atol=1e-5)
+  else:
+    assert all(abs(r - 1) > 0.5 for r in first)
   for l in lines:
     assert l["void_rate"] == pytest.approx(0.25)
     assert l["reward"] == pytest.approx(0.5)

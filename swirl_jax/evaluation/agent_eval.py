@@ -50,11 +50,12 @@ def pass_at_k(trajs: Sequence[Trajectory], k: int) -> dict[str, float]:
 
 
 def table(results: dict[str, dict[str, float]],
-          columns=("accuracy", "f1", "process_correctness", "turns",
-                   "void_rate")) -> str:
-  """A Markdown table: one row per policy, the chosen columns."""
+          columns=("accuracy", "llm_correct", "f1", "process_correctness",
+                   "turns", "void_rate"), label: str = "policy") -> str:
+  """A Markdown table: one row per entry (policy, or dataset), the chosen
+  columns that any entry has."""
   cols = [c for c in columns if any(c in r for r in results.values())]
-  lines = ["| policy | " + " | ".join(cols) + " |",
+  lines = [f"| {label} | " + " | ".join(cols) + " |",
            "|---" * (len(cols) + 1) + "|"]
   for name, r in results.items():
     cells = [f"{r[c]:.3f}" if c in r else "-" for c in cols]
@@ -68,10 +69,16 @@ def read(path: str) -> dict:
   return json.loads(f.read_text()) if f.exists() else {}
 
 
-def write(path: str, results: dict, trajs: dict[str, list] | None = None):
+def write(path: str, results: dict, trajs: dict[str, list] | None = None,
+          *, columns=None, label: str = "policy", header: str = ""):
+  """results.json, results.md (`table` of `columns`, rows named `label`,
+  under `header`) and the trajectories of each entry as JSONL."""
   p = pathlib.Path(path)
   p.mkdir(parents=True, exist_ok=True)
   (p / "results.json").write_text(json.dumps(results, indent=2))
-  (p / "results.md").write_text(table(results) + "\n")
+  text = table(results, label=label) if columns is None else \
+      table(results, columns, label=label)
+  (p / "results.md").write_text((f"{header}\n\n" if header else "")
+                                + text + "\n")
   for name, ts in (trajs or {}).items():
     jsonl.write(p / f"trajectories_{name}.jsonl", ts)

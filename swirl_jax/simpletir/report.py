@@ -62,6 +62,29 @@ def iterations(workdir) -> list[dict]:
   return rows
 
 
+def validations(workdir) -> list[dict]:
+  """The training job's validation records, in order: `val_iteration`
+  (the policy after that many iterations) and its `val_<set>_avg@k` /
+  `pass@k` figures."""
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  return [m for m in read_jsonl(str(path)) if "val_iteration" in m] \
+      if path.exists() else []
+
+
+def _val_keys(vals) -> list[str]:
+  return sorted({k for v in vals for k in v
+                 if k.startswith("val_") and k != "val_iteration"})
+
+
+def validation_table(vals) -> str:
+  keys = _val_keys(vals)
+  lines = ["| iteration | " + " | ".join(keys) + " |",
+           "|" + "---|" * (len(keys) + 1)]
+  lines += [f"| {int(v['val_iteration'])} | " + " | ".join(
+      _fmt(v.get(k)) for k in keys) + " |" for v in vals]
+  return "\n".join(lines)
+
+
 def _fmt(v) -> str:
   return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
@@ -127,9 +150,14 @@ _PANELS = (
 )
 
 
-def _plot(rows, path):
+def _plot(rows, path, vals=()):
   panels = [(t, ks) for t, ks in _PANELS
             if any(r.get(k) is not None for r in rows for k in ks.values())]
+  if vals:  # Held-out avg@k / pass@k, at the iterations validated.
+    rows = list(rows) + [{"iteration": int(v["val_iteration"]), **v}
+                         for v in vals]
+    panels.append(("validation", {k[len("val_"):]: k
+                                  for k in _val_keys(vals)}))
   ncol = 2
   nrow = -(-len(panels) // ncol)
   fig = Figure(figsize=(9, 2.6 * nrow))
@@ -155,13 +183,16 @@ def _plot(rows, path):
 def write(workdir) -> str:
   """Writes report.md and reward.png into `workdir`; returns the table."""
   work = pathlib.Path(workdir)
-  rows = iterations(work)
+  rows, vals = iterations(work), validations(work)
   table = curve_table(rows)
   if rows:
-    _plot(rows, work / "reward.png")
+    _plot(rows, work / "reward.png", vals)
+  val = (f"\nValidation (held out, the policy after each iteration "
+         f"count):\n\n{validation_table(vals)}\n" if vals else "")
   (work / "report.md").write_text(
-      f"# SimpleTIR run: {work}\n\nPer iteration (reward.png):\n\n{table}\n")
-  return table
+      f"# SimpleTIR run: {work}\n\nPer iteration (reward.png):\n\n{table}\n"
+      + val)
+  return table + (f"\n\n{validation_table(vals)}" if vals else "")
 
 
 def main(argv) -> None:
