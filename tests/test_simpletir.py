@@ -1,6 +1,9 @@
 """SimpleTIR: void turns, GRPO rows, and training steps with the sandbox."""
 
 import json
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -214,42 +217,59 @@ def test_report_summarises_iterations_and_compares_runs(tmp_path):
 
 
 def test_grpo_iteration_with_real_tiny_model(tmp_path):
-  """The sampler path: rollouts from the model itself, then a step."""
+  """The sampler path: rollouts from the model itself, then a step; the
+  code's validation before the first and after the last iteration (into
+  metrics.jsonl and the report), and the policy exported at the end."""
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
   c = _simpletir_config(temperature=1.0)
   c.num_iterations = 1
   c.grpo.drop_zero_variance = False  # Random rewards are mostly 0.
   c.grpo.filter_void = False
+  c.validation.update(every=1, k=2, limit=2)
   train.run(c, str(tmp_path))
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  steps = [l for l in lines if "iteration" in l]
   # The random tiny model answers nothing: every reward and so every GRPO
   # advantage is 0, and with no KL term (SimpleTIR) loss and gradient are 0.
-  assert [(l["loss"], l["grad_norm"]) for l in lines] == [(0.0, 0.0)] * 2
+  assert [(l["loss"], l["grad_norm"]) for l in steps] == [(0.0, 0.0)] * 2
+  vals = report.validations(tmp_path)
+  assert [v["val_iteration"] for v in vals] == [0.0, 1.0]
+  assert all(v["val_synthetic_arith_test_avg@2"] == 0.0 for v in vals)
+  assert "pass@2" in (tmp_path / "report.md").read_text()
+  assert (tmp_path / "hf" / "config.json").exists()  # train.export_hf.
 
 
-def _main(root, *args):
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _main(*args, rc=0):
   cmd = [sys.executable, "-m", "swirl_jax.main", *args]
-  proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                         timeout=1200, check=False)
-  if proc.returncode != 0:
-    pytest.fail(f"{' '.join(cmd[1:])} failed ({proc.returncode}):\n"
+  if proc.returncode != rc:
+    pytest.fail(f"{' '.join(cmd[1:])} exited {proc.returncode}, not {rc}:\n"
                 f"{(proc.stdout + proc.stderr)[-3000:]}")
+  return proc
 
 
-def test_simpletir_demo_config_runs_and_reuses_its_warm_start(tmp_path):
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+  """A workdir trained by configs/simpletir_demo.py at smoke size."""
+  on = tmp_path_factory.mktemp("demo") / "on"
+  _main("--config=configs/simpletir_demo.py:smoke", f"--workdir={on}")
+  return on
+
+
+def test_simpletir_demo_config_runs_and_reuses_its_warm_start(demo_run,
+                                                              tmp_path):
   """configs/simpletir_demo.py at smoke size: warm start on ```python
   demonstrations, GRPO iterations, report; then the ablation arm reuses the
   first run's warm-started policy instead of training its own."""
-  import pathlib  # pylint: disable=g-import-not-at-top
-  root = pathlib.Path(__file__).resolve().parents[1]
-  on, off = tmp_path / "on", tmp_path / "off"
-  _main(root, "--config=configs/simpletir_demo.py:smoke", f"--workdir={on}")
+  on, off = demo_run, tmp_path / "off"
   assert (on / "warmstart" / "hf" / "model.safetensors").exists()
   assert [r["iteration"] for r in report.iterations(on)] == [0, 1]
   assert (on / "report.md").exists() and (on / "reward.png").exists()
-  _main(root, "--config=configs/simpletir_demo.py:smoke,filter_void=False,"
+  _main("--config=configs/simpletir_demo.py:smoke,filter_void=False,"
         f"warmstart_from={on}", f"--workdir={off}",
         "--config.num_iterations=1")
   assert not (off / "warmstart").exists()
@@ -258,3 +278,36 @@ def test_simpletir_demo_config_runs_and_reuses_its_warm_start(tmp_path):
   # Without the void filter, void rows stay in the loss (drop_zero_variance
   # is off at smoke size), so every rollout is in it.
   assert rows[0]["rows_in_loss"] == 8
+
+
+def test_simpletir_eval_evaluates_the_trained_policy(demo_run, tmp_path):
+  """Job simpletir_eval on the demo's workdir loads the trained export by
+  default, names the weights in its log and JSON, and its metrics differ
+  from the base (warm-started) policy's; with no weights it refuses."""
+  args = ["--config=configs/simpletir_demo.py:smoke", f"--workdir={demo_run}",
+          "--config.job=simpletir_eval"]
+  out = {}
+  for policy, want in (("", demo_run / "hf"),
+                       ("base", demo_run / "warmstart" / "hf")):
+    proc = _main(*args, f"--config.eval.policy={policy}")
+    name = policy or "trained"
+    summary = json.loads(
+        (demo_run / "eval" / name / "summary.json").read_text())
+    assert summary["policy"] == name and summary["weights"] == str(want)
+    assert f"policy {name}, weights {want}" in proc.stderr
+    assert f"weights {want}" in (demo_run / "eval" / name /
+                                 "results.md").read_text()
+    out[name] = summary["results"]["synthetic_arith:test"]
+    assert {"avg@2", "pass@2"} <= set(out[name])
+  # Same prompts and seeds; other weights give other log-probs.
+  assert out["trained"]["token_logp"] != out["base"]["token_logp"]
+  empty = tmp_path / "untrained"
+  for policy in ("", "base"):
+    proc = _main("--config=configs/simpletir_demo.py:smoke",
+                 f"--workdir={empty}", "--config.job=simpletir_eval",
+                 f"--config.eval.policy={policy}", rc=2)
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and (
+        "simpletir_train" in lines[-1] or "training job" in lines[-1]), lines
+    assert len(lines) == 1, lines
+  assert not (empty / "eval").exists()

@@ -26,6 +26,7 @@ from typing import Callable
 import pyarrow
 import pyarrow.parquet as pq
 
+from swirl_jax import config_lib
 from swirl_jax import jsonl
 from swirl_jax import paths
 from swirl_jax.tasks import records
@@ -36,7 +37,7 @@ Task = records.Task
 
 # The data job's dataset that fetches each loader's files.
 _FETCH = {"gsm8k": "gsm8k", "hotpotqa": "hotpotqa", "musique": "",
-          "math": "math", "aime": "math"}
+          "math": "math", "aime": "math", "amc23": "math"}
 
 for _split, _seed in synthetic.SPLIT_SEEDS.items():
   registry.register_corpus(f"synthetic_multihop:{_split}", functools.partial(
@@ -214,6 +215,16 @@ def load_aime(split: str = "2024", data_dir: str | None = None) -> list[Task]:
                            f"aime split {split!r}", "aime"), "aime", split)
 
 
+AMC_FILES = {"2023": "math/amc23.parquet"}
+
+
+def load_amc23(split: str = "test", data_dir: str | None = None
+               ) -> list[Task]:
+  """AMC 2023 (40 problems; SimpleTIR's code evaluates on it)."""
+  return _verl_tasks(_path(data_dir, AMC_FILES["2023"], "amc23", "amc23"),
+                     "amc23", split)
+
+
 # --------------------------------------------------------------- Registry.
 
 
@@ -240,6 +251,7 @@ DATASETS = {
     "aime": DatasetSpec(_files(load_aime), ("2024", "2025")),
     "aime24": DatasetSpec(_fixed(load_aime, "2024"), ("test",)),
     "aime25": DatasetSpec(_fixed(load_aime, "2025"), ("test",)),
+    "amc23": DatasetSpec(_files(load_amc23), ("test",)),
     # Synthetic sets are generated: `limit` is their size (default 100).
     "synthetic_arith": DatasetSpec(
         lambda split, _, limit: synthetic.arithmetic_tasks(
@@ -260,13 +272,15 @@ def load_tasks(name: str, split: str | None = None,
   if name.startswith("tfds:"):
     return _load_tfds(name[len("tfds:"):], split or "test", limit)
   if name not in DATASETS:
-    raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)} "
-                     "or 'tfds:<name>'")
+    raise config_lib.ConfigError(
+        f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))} "
+        "or 'tfds:<name>'")
   spec = DATASETS[name]
   split = spec.splits[0] if split is None else str(split)
   if split not in spec.splits:
-    raise ValueError(f"dataset {name!r} has no split {split!r}; splits: "
-                     f"{spec.splits}")
+    raise config_lib.ConfigError(
+        f"dataset {name!r} has no split {split!r}; splits: "
+        f"{', '.join(spec.splits)}")
   tasks = spec.loader(split, data_dir, limit)
   return tasks if limit is None else tasks[:limit]
 

@@ -11,6 +11,7 @@ this package never imports `tasks`.
 """
 
 import contextlib
+import pathlib
 from typing import Callable
 
 from swirl_jax import config_lib, paths
@@ -38,6 +39,9 @@ CORPUS_FILES = {
     # The unique paragraphs of the dev questions' own contexts.
     "hotpotqa:dev": ("hotpotqa/dev_distractor_500.jsonl", "hotpotqa"),
     "hotpotqa:train": ("hotpotqa/hotpotqa_train_corpus.json", "hotpotqa"),
+    # The Wikipedia abstracts HotPotQA was built on (5.2M; the paper
+    # configs' corpus), indexed by the data job.
+    "hotpotqa:wiki": ("hotpotqa/wiki_abstracts.jsonl", "hotpotqa_wiki"),
     "musique:train": ("musique/musique_train_corpus.json", ""),
 }
 _GENERATED: dict[str, Callable[[], list]] = {}
@@ -73,6 +77,15 @@ def _corpus(spec: str, data_dir: str | None):
   return search.load_corpus(spec)
 
 
+def _index_dir(spec: str, data_dir: str | None):
+  """The index the data job built beside the corpus file, if any."""
+  rel = CORPUS_FILES.get(spec, (None,))[0]
+  path = pathlib.Path(data_dir or paths.default_data_dir() or ".") / rel \
+      if rel else pathlib.Path(spec)
+  d = search.index_dir(path)
+  return str(d) if d.is_dir() else None
+
+
 def build_tools(names, *, search_corpus: str = "", search_k: int = 3,
                 data_dir: str | None = None, cache_dir: str | None = None,
                 sandbox_timeout_s: float = 3.0,
@@ -88,8 +101,9 @@ def build_tools(names, *, search_corpus: str = "", search_k: int = 3,
     elif name == "search":
       if not search_corpus:
         raise ValueError("the search tool needs tools.search_corpus")
-      tool = search.SearchTool(_corpus(search_corpus, data_dir), k=search_k,
-                               cache_dir=cache_dir)
+      tool = search.SearchTool(
+          _corpus(search_corpus, data_dir), k=search_k,
+          cache_dir=_index_dir(search_corpus, data_dir) or cache_dir)
       out[name] = tool.batch
     elif name == "python":
       box = sandbox.Sandbox(timeout_s=sandbox_timeout_s,
