@@ -12,7 +12,8 @@ from swirl_jax.models import decoder, loading
 from swirl_jax import config_lib
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import loop as loop_lib
-from swirl_jax.rollout.records import StepUnit, read_jsonl
+from swirl_jax.evaluation import agent_eval
+from swirl_jax.rollout.records import StepUnit, Trajectory, read_jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.swirl import jobs, stage1, stage2
 from swirl_jax.tasks import synthetic
@@ -245,5 +246,51 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
   want = dict(n=2.0, accuracy=0.0, f1=0.0, answered=0.0, steps=2.0,
               process_correctness=0.0, turns=1.0, response_len=12.0,
               void_rate=1.0, turn_cap_rate=0.0, overlong_rate=0.0)
-  assert res == {"base": want, "rl": want, "sft": want}
+  assert res == {name: dict(want, weights=w) for name, w in (
+      ("base", ""), ("rl", str(tmp_path / "rl" / "hf")),
+      ("sft", str(tmp_path / "sft" / "hf")))}
   assert (tmp_path / "eval" / "results.md").read_text().startswith("| policy")
+  # Any trained policy by directory ('label=DIR'), judged by a model with
+  # its own checkpoint: the base policy is not loaded at all.
+  loaded = []
+  real_load = loading.load_policy
+  monkeypatch.setattr(loading, "load_policy", lambda m, **kw: (
+      loaded.append(m.checkpoint), real_load(m, **kw))[1])
+  c.eval.policies = (f"other={tmp_path / 'rl' / 'hf'}",)
+  c.judge.kind = "model"
+  c.judge.model.checkpoint = str(tmp_path / "sft" / "hf")
+  jobs.run_pipeline(c, str(tmp_path / "other"))
+  assert loaded == [str(tmp_path / "rl" / "hf"), str(tmp_path / "sft" / "hf")]
+  res = json.loads((tmp_path / "other" / "eval" / "results.json")
+                   .read_text())
+  assert res["other"]["weights"] == str(tmp_path / "rl" / "hf")
+  assert res["other"]["llm_correct"] == 0.0  # No answer: never asked.
+  c.eval.policies = (f"other={tmp_path / 'nothing'}",)
+  with pytest.raises(FileNotFoundError, match="no exported policy"):
+    jobs.run_pipeline(c, str(tmp_path / "other"))
+
+
+class _Outcome:
+  """An outcome judge that matches answers by their digits."""
+
+  def __init__(self):
+    self.asked = []
+
+  def label(self, questions, predictions, golds):
+    self.asked += list(zip(questions, predictions, golds))
+    return [p.strip("$ ") == g for p, g in zip(predictions, golds)]
+
+
+def test_llm_correct_asks_the_judge_about_each_answer():
+  from swirl_jax.tasks.records import Task  # pylint: disable=g-import-not-at-top
+  tasks = [Task(id=f"t{i}", question=f"q{i}", answers=(str(i),),
+                source="gsm8k")
+           for i in range(3)]
+  trajs = [Trajectory(task_id="t0", final_answer="$0"),
+           Trajectory(task_id="t1", final_answer="7"),
+           Trajectory(task_id="t2")]  # No answer: wrong, not asked.
+  judge = _Outcome()
+  out = agent_eval.summarize(trajs, tasks, outcome_judge=judge)
+  assert out["llm_correct"] == pytest.approx(1 / 3)
+  assert out["accuracy"] == pytest.approx(1 / 3)
+  assert judge.asked == [("q0", "$0", "0"), ("q1", "7", "1")]

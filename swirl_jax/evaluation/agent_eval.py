@@ -20,7 +20,12 @@ from swirl_jax.tasks.records import Task
 
 
 def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task],
-              judge=None) -> dict[str, float]:
+              judge=None, outcome_judge=None) -> dict[str, float]:
+  """accuracy (exact match after normalisation), F1, answer rate and
+  rollout statistics; with `judge`, process correctness; with
+  `outcome_judge` (judges.OutcomeJudge), `llm_correct`: the share of
+  trajectories whose answer the judge calls the gold one's (the SWiRL
+  paper's metric; no answer is wrong without asking)."""
   by_id = {t.id: t for t in tasks}
   scores = [checkers.score(by_id[t.task_id], t.final_answer) for t in trajs]
   out = dict(n=float(len(trajs)),
@@ -36,7 +41,20 @@ def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task],
                          task_ids=[u.task_id for u in units])
     out["process_correctness"] = float(np.mean(labels)) if labels else 0.0
     out["steps"] = float(len(units))
+  if outcome_judge is not None:
+    out["llm_correct"] = llm_correct(outcome_judge, trajs, by_id)
   return out
+
+
+def llm_correct(outcome_judge, trajs, by_id) -> float:
+  """Share of trajectories whose answer the judge matches to the gold."""
+  answered = [t for t in trajs if t.final_answer is not None]
+  labels = outcome_judge.label(
+      [by_id[t.task_id].question for t in answered],
+      [t.final_answer for t in answered],
+      [" / ".join(by_id[t.task_id].answers) for t in answered]) \
+      if answered else []
+  return float(sum(labels)) / max(1, len(trajs))
 
 
 def pass_at_k(trajs: Sequence[Trajectory], k: int) -> dict[str, float]:

@@ -313,15 +313,35 @@ def run_sft(c, workdir):
     return str(work / "hf")
 
 
+def _policy_dir(name: str, workdir) -> tuple[str, pathlib.Path]:
+  """(label, Hugging Face directory) of an `eval.policies` entry: a stage
+  of this workdir (<workdir>/<name>/hf) or 'label=DIR'."""
+  label, eq, path = name.partition("=")
+  if eq:
+    return label, pathlib.Path(path)
+  return name, pathlib.Path(workdir) / name / "hf"
+
+
 def _policy_cfg(c, name: str, workdir) -> ml_collections.ConfigDict:
   if name == "base":
     return _base(c, workdir)
-  hf = pathlib.Path(workdir) / name / "hf"
+  label, hf = _policy_dir(name, workdir)
   if not (hf / "config.json").exists():
-    raise FileNotFoundError(f"{hf}: no exported policy; run the {name} stage")
+    what = (f"run the {label} stage" if hf.parent.name == label else
+            "train it first, or point the entry at a Hugging Face "
+            "directory (eval.policies: 'label=DIR')")
+    raise FileNotFoundError(f"{hf}: no exported policy; {what}")
   m = ml_collections.ConfigDict(_base(c, workdir).to_dict())
   m.checkpoint, m.tokenizer = str(hf), str(hf)
   return m
+
+
+def _outcome_judge(c, judge):
+  """The judge's YES/NO on answers (`eval.llm_correct`), if it has a
+  model or an endpoint to ask."""
+  if not c.eval.get("llm_correct") or c.judge.kind == "programmatic":
+    return None
+  return judges.OutcomeJudge(judge)
 
 
 def run_eval(c, workdir):
@@ -333,27 +353,34 @@ def run_eval(c, workdir):
   tools = registry.from_config(tools_cfg, c.data.get("data_dir") or None,
                                cache_dir=str(work / "search_index"))
   results, trajs = {}, {}
-  judge = None
+  judge = outcome = None
   for name in c.eval.policies:
-    if name != "base" and not (work / name / "hf").exists():
+    label, hf = _policy_dir(name, workdir)
+    if name != "base" and "=" not in name and not hf.exists():
       logging.warning("eval: skipping %s (not trained in %s)", name, work)
       continue
-    policy = loading.load_policy(_policy_cfg(c, name, workdir), seed=c.seed)
-    if judge is None:  # Process correctness by one fixed judge.
+    model = _policy_cfg(c, name, workdir)
+    logging.info("eval %s: weights %s", label, model.checkpoint)
+    policy = loading.load_policy(model, seed=c.seed)
+    if judge is None:  # Process correctness by one fixed judge; a model
+      # judge without a checkpoint of its own is the base policy.
       base = loading.load_policy(_base(c, workdir), seed=c.seed) \
-          if c.judge.kind == "model" else None
+          if _borrows_policy(c.judge) else None
       judge = _judge(c.judge, tasks, base)
+      outcome = _outcome_judge(c, judge)
     loop = _rollout_loop(c, policy, tools, dict(
         fmt="swirl", max_turns=c.stage1.max_turns,
         max_new_tokens=c.stage1.max_new_tokens,
         max_response_tokens=c.stage1.max_response_tokens,
         temperature=c.eval.temperature, seed=c.seed))
-    trajs[name] = distributed.run_shared(
+    trajs[label] = distributed.run_shared(
         loop.run_pairs, [(t, 0) for t in tasks], to_text=Trajectory.to_json,
-        from_text=Trajectory.from_json, what=f"eval {name}")
-    checkers.score_trajectories(trajs[name], tasks)
-    results[name] = agent_eval.summarize(trajs[name], tasks, judge)
-    logging.info("eval %s: %s", name, results[name])
+        from_text=Trajectory.from_json, what=f"eval {label}")
+    checkers.score_trajectories(trajs[label], tasks)
+    results[label] = agent_eval.summarize(trajs[label], tasks, judge,
+                                          outcome_judge=outcome)
+    results[label]["weights"] = model.checkpoint
+    logging.info("eval %s: %s", label, results[label])
   # Runs sharing a workdir (the filter ablations) add their policies.
   merged = {**agent_eval.read(str(work / "eval")), **results}
   with distributed.one_writer(f"{work / 'eval'}") as writing:
