@@ -20,10 +20,10 @@ The paper runs Gemma 2 27B with Gemini 1.5 Pro as judge and reward model;
 here the judge and reward model of the paper settings are a strong open
 model served over HTTP (`JUDGE_MODEL` on a vLLM server at
 `judge.base_url`; any OpenAI-compatible endpoint with
-`--config.judge.model_name=...`). A policy judging itself (judge=model
-with no checkpoint of its own) is the CPU runs' default only: at CPU size
-the README's calibration shows such a judge calls every step BAD (kappa
-0). Stage 2's advantage is the reward itself, as the paper's objective
+`--config.judge.model_name=...`). The bundled SmolLM2-135M as judge
+(judge=model; with the default policy, the policy judging itself) is the
+CPU runs' default only: at that size the README's calibration shows it
+calls every step BAD (kappa 0). Stage 2's advantage is the reward itself, as the paper's objective
 E[R(a|s)] states it; the CPU runs keep the mean baseline over a state's
 samples. Every value that stays different from the paper, and why: the
 README's "Differences from the papers".

@@ -17,8 +17,9 @@ CPU (SmolLM2-135M-Instruct, the policy judging itself; tiny sizes):
       --workdir=/tmp/swirl_gsm8k_cpu
 
 SWiRL's own settings (sampling, judge, filter, stage 2, SFT, CPU sizes) are
-in configs/swirl_base.py; this file adds the data, the tool and the step
-cap. Args: model (preset), checkpoint, judge (model | http | programmatic),
+in configs/swirl_base.py (what differs from the paper: the README's
+"Differences from the papers"); this file adds the data, the tool and the
+step cap. Args: model (preset), checkpoint, judge (model | http | programmatic),
 runlocal, seed. Run one stage with `--config.stages=rl,eval`-style
 overrides or the `swirl_<stage>` jobs.
 """

@@ -20,8 +20,9 @@ split searches its own questions' paragraphs, a closed corpus):
       --workdir=/tmp/swirl_hotpotqa_cpu
 
 SWiRL's own settings (sampling, judge, filter, stage 2, SFT, CPU sizes) are
-in configs/swirl_base.py; this file adds the data, the search corpora and
-the step cap. Args: model (preset), checkpoint, judge (model | http |
+in configs/swirl_base.py (what differs from the paper: the README's
+"Differences from the papers"); this file adds the data, the search corpora
+and the step cap. Args: model (preset), checkpoint, judge (model | http |
 programmatic), runlocal, seed. Run one stage with `--config.stages=rl,eval`-
 style overrides or the `swirl_<stage>` jobs.
 """

@@ -26,6 +26,8 @@ import pytest
 from swirl_jax import paths
 from swirl_jax.tasks import datasets
 from swirl_jax.tasks import prepare
+from swirl_jax.tools import registry
+from swirl_jax.tools import search
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAIN_COMMIT = "c0ffee" + "0" * 34  # What the fake Hub resolves 'main' to.
@@ -205,7 +207,6 @@ def test_math_files_convert_to_the_same_tasks(hub, tmp_path):
 def test_wiki_corpus_is_fetched_and_indexed_once(hub, tmp_path, monkeypatch):
   """hotpotqa_wiki: BEIR's corpus as {title, text} rows, its BM25 index
   beside it; the search tool over 'hotpotqa:wiki' loads that index."""
-  from swirl_jax.tools import registry, search  # pylint: disable=g-import-not-at-top
   prepare.prepare(("hotpotqa_wiki",), tmp_path, _config())
   rows = datasets.read_rows(tmp_path / "hotpotqa/wiki_abstracts.jsonl")
   train = json.loads((_data_dir() / "hotpotqa/hotpotqa_train_corpus.json")

@@ -17,6 +17,7 @@ from swirl_jax.rollout.records import StepUnit, Trajectory, read_jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.swirl import jobs, stage1, stage2
 from swirl_jax.tasks import synthetic
+from swirl_jax.tasks.records import Task
 from swirl_jax.tools import registry
 from swirl_jax.training import step as step_lib
 
@@ -282,7 +283,6 @@ class _Outcome:
 
 
 def test_llm_correct_asks_the_judge_about_each_answer():
-  from swirl_jax.tasks.records import Task  # pylint: disable=g-import-not-at-top
   tasks = [Task(id=f"t{i}", question=f"q{i}", answers=(str(i),),
                 source="gsm8k")
            for i in range(3)]

@@ -93,6 +93,13 @@ def rollout_config(c, block) -> loop_lib.RolloutConfig:
   return loop_lib.RolloutConfig.from_config(rc)
 
 
+def check_specs(specs) -> None:
+  """ConfigError for a dataset spec ('name[:split]') no loader reads."""
+  for spec in specs:
+    name, _, split = spec.partition(":")
+    datasets.check(name, split or None)
+
+
 def token_logp(trajs) -> float:
   """Mean log-prob of the sampled action tokens (the policy's own)."""
   lps = [lp for t in trajs for turn in t.turns for lp in turn.action_logprobs]
@@ -122,6 +129,7 @@ def evaluate(engine, specs, *, k: int, data_dir: str | None,
 
 def run(config, workdir: str) -> dict:
   c, e = config, config.eval
+  check_specs(e.datasets)  # A misspelt set fails before any work.
   name, model = policy(c, workdir)
   logging.info("simpletir_eval: policy %s, weights %s", name,
                model.checkpoint)

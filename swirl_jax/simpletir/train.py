@@ -157,6 +157,8 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   rollout_cfg = loop_lib.RolloutConfig.from_config(c.rollout)
   engine_cfg = engine_lib.EngineConfig.from_config(c.engine)
   groups = grpo.GroupConfig.from_config(c.grpo)
+  if c.validation.every:
+    evaluate.check_specs(c.validation.datasets)
   data_dir = c.data.data_dir or None
   tasks = datasets.load_tasks(c.data.train, c.data.train_split, data_dir,
                               c.data.train_limit or None)

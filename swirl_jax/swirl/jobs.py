@@ -97,9 +97,10 @@ def run_warmstart(c, workdir):
 def run_stage1(c, workdir):
   work = pathlib.Path(workdir)
   tasks = _tasks(c, "train")
-  policy = loading.load_policy(_base(c, workdir), seed=c.seed)
+  # Tools before the policy: a missing corpus fails before any model loads.
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
                                cache_dir=str(work / "search_index"))
+  policy = loading.load_policy(_base(c, workdir), seed=c.seed)
   s = c.stage1
   loop = _rollout_loop(c, policy, tools, dict(
       fmt="swirl", max_turns=s.max_turns, max_new_tokens=s.max_new_tokens,
@@ -354,12 +355,14 @@ def run_eval(c, workdir):
                                cache_dir=str(work / "search_index"))
   results, trajs = {}, {}
   judge = outcome = None
+  models = {}  # Every policy found before any is evaluated.
   for name in c.eval.policies:
     label, hf = _policy_dir(name, workdir)
     if name != "base" and "=" not in name and not hf.exists():
       logging.warning("eval: skipping %s (not trained in %s)", name, work)
       continue
-    model = _policy_cfg(c, name, workdir)
+    models[label] = _policy_cfg(c, name, workdir)
+  for label, model in models.items():
     logging.info("eval %s: weights %s", label, model.checkpoint)
     policy = loading.load_policy(model, seed=c.seed)
     if judge is None:  # Process correctness by one fixed judge; a model

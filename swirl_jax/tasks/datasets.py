@@ -264,13 +264,11 @@ DATASETS = {
 }
 
 
-def load_tasks(name: str, split: str | None = None,
-               data_dir: str | None = None,
-               limit: int | None = None) -> list[Task]:
-  """Tasks of dataset `name` (see DATASETS, or 'tfds:<name>'), in file
-  order, the first `limit` of them."""
+def check(name: str, split: str | None = None) -> str:
+  """The split `name` reads (its first when None); ConfigError naming the
+  valid datasets or splits otherwise. 'tfds:' names are not checked."""
   if name.startswith("tfds:"):
-    return _load_tfds(name[len("tfds:"):], split or "test", limit)
+    return split or "test"
   if name not in DATASETS:
     raise config_lib.ConfigError(
         f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))} "
@@ -281,7 +279,18 @@ def load_tasks(name: str, split: str | None = None,
     raise config_lib.ConfigError(
         f"dataset {name!r} has no split {split!r}; splits: "
         f"{', '.join(spec.splits)}")
-  tasks = spec.loader(split, data_dir, limit)
+  return split
+
+
+def load_tasks(name: str, split: str | None = None,
+               data_dir: str | None = None,
+               limit: int | None = None) -> list[Task]:
+  """Tasks of dataset `name` (see DATASETS, or 'tfds:<name>'), in file
+  order, the first `limit` of them."""
+  if name.startswith("tfds:"):
+    return _load_tfds(name[len("tfds:"):], split or "test", limit)
+  split = check(name, split)
+  tasks = DATASETS[name].loader(split, data_dir, limit)
   return tasks if limit is None else tasks[:limit]
 
 

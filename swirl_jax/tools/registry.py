@@ -77,8 +77,9 @@ def _corpus(spec: str, data_dir: str | None):
   return search.load_corpus(spec)
 
 
-def _index_dir(spec: str, data_dir: str | None):
-  """The index the data job built beside the corpus file, if any."""
+def index_dir(spec: str, data_dir: str | None = None) -> str | None:
+  """The index the data job built beside a corpus's file, if any (a named
+  corpus or a file path)."""
   rel = CORPUS_FILES.get(spec, (None,))[0]
   path = pathlib.Path(data_dir or paths.default_data_dir() or ".") / rel \
       if rel else pathlib.Path(spec)
@@ -103,7 +104,7 @@ def build_tools(names, *, search_corpus: str = "", search_k: int = 3,
         raise ValueError("the search tool needs tools.search_corpus")
       tool = search.SearchTool(
           _corpus(search_corpus, data_dir), k=search_k,
-          cache_dir=_index_dir(search_corpus, data_dir) or cache_dir)
+          cache_dir=index_dir(search_corpus, data_dir) or cache_dir)
       out[name] = tool.batch
     elif name == "python":
       box = sandbox.Sandbox(timeout_s=sandbox_timeout_s,
