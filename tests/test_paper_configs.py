@@ -143,3 +143,19 @@ def test_missing_corpus_names_the_data_job(tmp_path):
          f"--config.tools.search_corpus={tmp_path}/none.jsonl",
          want=f"corpus file not found: {tmp_path}/none.jsonl (")
   assert not (tmp_path / "w" / "stage1").exists()
+
+
+@pytest.mark.parametrize("data,tools,corpus,turns", [
+    ("gsm8k", ("calculator",), "", 10),
+    ("hotpotqa", ("search",), "hotpotqa:wiki", 5),
+    ("musique", ("search",), "musique:train", 5)])
+def test_transfer_evaluates_with_the_tools_the_data_needs(data, tools,
+                                                         corpus, turns):
+  c = config_lib.load_config_module(
+      str(ROOT / "configs" / "swirl_transfer.py")).get_config(
+          f"eval={data},policy=/runs/x/rl/hf")
+  assert (c.job, tuple(c.stages)) == ("swirl_eval", ("eval",))
+  assert c.data.eval == data and tuple(c.tools.names) == tools
+  assert c.tools.search_corpus == corpus and c.stage1.max_turns == turns
+  assert tuple(c.eval.policies) == ("base", "trained=/runs/x/rl/hf")
+  assert c.judge.kind == "http" and c.eval.llm_correct
