@@ -4,8 +4,9 @@ For a batch of saved states the current policy samples G actions each,
 stopping at the end of one action; a generative reward model scores every
 (state, action) without the gold answer; the advantage is the reward
 itself, as the paper's objective E[R(a|s)] states it (`advantage='none'`),
-or the reward minus a baseline over the state's G samples ('mean',
-'leave_one_out'; the CPU runs use 'mean'); the shared step maximises the
+or the reward minus a baseline over the state's G samples ('mean', the
+CPU runs' and this module's default; 'leave_one_out'); the shared step
+maximises the
 advantage-weighted log-prob of each whole action, optionally with a KL
 term to the frozen initial policy. The SFT baseline trains on the
 saved actions of the same units with cross-entropy.
@@ -31,7 +32,8 @@ class Stage2Config(config_lib.FromConfig):
   max_new_tokens: int = 256
   temperature: float = 1.0
   top_p: float = 1.0
-  advantage: str = "none"  # none (the paper's) | mean | leave_one_out
+  # none (the paper's; its configs set it) | mean | leave_one_out.
+  advantage: str = "mean"
   max_len: int = 4096
 
 
