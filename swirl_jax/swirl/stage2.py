@@ -6,10 +6,9 @@ stopping at the end of one action; a generative reward model scores every
 itself, as the paper's objective E[R(a|s)] states it (`advantage='none'`),
 or the reward minus a baseline over the state's G samples ('mean', the
 CPU runs' and this module's default; 'leave_one_out'); the shared step
-maximises the
-advantage-weighted log-prob of each whole action, optionally with a KL
-term to the frozen initial policy. The SFT baseline trains on the
-saved actions of the same units with cross-entropy.
+maximises the advantage-weighted log-prob of each whole action,
+optionally with a KL term to the frozen initial policy. The SFT baseline
+trains on the saved actions of the same units with cross-entropy.
 """
 
 import dataclasses
