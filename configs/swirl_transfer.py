@@ -22,10 +22,10 @@ policy and on the trained one:
 
 `<workdir>/eval/results.{json,md}`: exact-match accuracy, the judge's
 answer correctness (`llm_correct`, the paper's metric), F1 and process
-correctness, per policy ('base' and 'trained', with the weights each
-loaded). BeerQA and CofCA have no copy on the Hugging Face Hub the data
-job could pin, so they are not here (the README's "Differences from the
-papers").
+correctness, per policy ('base' and 'trained'); `eval/weights.json`: the
+weights each loaded. BeerQA and CofCA have no copy on the Hugging Face Hub
+the data job could pin, so they are not here (the README's "Differences
+from the papers").
 
 Args: eval (gsm8k | hotpotqa | musique), policy (a trained policy's
 Hugging Face directory, e.g. <run>/rl/hf; '' evaluates the base only),

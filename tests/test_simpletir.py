@@ -316,6 +316,13 @@ def test_simpletir_eval_evaluates_the_trained_policy(demo_runs, tmp_path):
     assert {"avg@2", "pass@2"} <= set(out[name])
   # Same prompts and seeds; other weights give other log-probs.
   assert out["trained"]["token_logp"] != out["base"]["token_logp"]
+  both = json.loads((off / "eval" / "results.json").read_text())
+  assert {k: v["weights"] for k, v in both.items()} == {
+      "trained synthetic_arith:test": str(off / "hf"),
+      "base synthetic_arith:test": str(on / "warmstart" / "hf")}
+  table = (off / "eval" / "results.md").read_text()
+  assert "| policy dataset | avg@2 | pass@2 |" in table
+  assert f"policy base: weights {on / 'warmstart' / 'hf'}" in table
   empty = tmp_path / "untrained"
   for policy in ("", "base"):
     proc = _main("--config=configs/simpletir_demo.py:smoke",

@@ -247,9 +247,10 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
   want = dict(n=2.0, accuracy=0.0, f1=0.0, answered=0.0, steps=2.0,
               process_correctness=0.0, turns=1.0, response_len=12.0,
               void_rate=1.0, turn_cap_rate=0.0, overlong_rate=0.0)
-  assert res == {name: dict(want, weights=w) for name, w in (
-      ("base", ""), ("rl", str(tmp_path / "rl" / "hf")),
-      ("sft", str(tmp_path / "sft" / "hf")))}
+  assert res == {"base": want, "rl": want, "sft": want}
+  assert json.loads((tmp_path / "eval" / "weights.json").read_text()) == {
+      "base": "", "rl": str(tmp_path / "rl" / "hf"),
+      "sft": str(tmp_path / "sft" / "hf")}
   assert (tmp_path / "eval" / "results.md").read_text().startswith("| policy")
   # Any trained policy by directory ('label=DIR'), judged by a model with
   # its own checkpoint: the base policy is not loaded at all.
@@ -264,7 +265,8 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
   assert loaded == [str(tmp_path / "rl" / "hf"), str(tmp_path / "sft" / "hf")]
   res = json.loads((tmp_path / "other" / "eval" / "results.json")
                    .read_text())
-  assert res["other"]["weights"] == str(tmp_path / "rl" / "hf")
+  assert json.loads((tmp_path / "other" / "eval" / "weights.json")
+                    .read_text()) == {"other": str(tmp_path / "rl" / "hf")}
   assert res["other"]["llm_correct"] == 0.0  # No answer: never asked.
   c.eval.policies = (f"other={tmp_path / 'nothing'}",)
   with pytest.raises(FileNotFoundError, match="no exported policy"):

@@ -14,7 +14,9 @@ samples a problem (10 turns at evaluation, 5 in training) with the
 sampling and token budget of `config.eval`; results go to
 `<workdir>/eval/<policy>/` (`results.json` and `results.md`: avg@k, pass@k
 and the rollout statistics per set; `summary.json`: the same with the
-policy's name and the weights it loaded; trajectories as JSONL).
+policy's name and the weights it loaded; trajectories as JSONL), and
+`<workdir>/eval/results.{json,md}` hold every policy evaluated in the
+workdir, a row per (policy, set), with the weights each loaded.
 
 `evaluate` is also the training job's validation (swirl_jax/simpletir/
 train.py), with the training sampler and the `config.validation` block.
@@ -153,9 +155,24 @@ def run(config, workdir: str) -> dict:
       (out / "summary.json").write_text(json.dumps(
           {"policy": name, "weights": model.checkpoint, "results": results},
           indent=2))
+      _merge(out.parent, name, model.checkpoint, results, cols)
   print(header)
   print(agent_eval.table(results, cols, label="dataset"))
   return results
+
+
+def _merge(path: pathlib.Path, name: str, weights: str, results: dict,
+           cols) -> None:
+  """eval/results.{json,md}: every policy evaluated in this workdir, a row
+  per (policy, dataset), each with the weights it loaded."""
+  merged = {k: v for k, v in agent_eval.read(str(path)).items()
+            if v.get("policy") != name}
+  merged.update({f"{name} {spec}": {**r, "policy": name, "weights": weights}
+                 for spec, r in results.items()})
+  loaded = {v["policy"]: v["weights"] for v in merged.values()}
+  agent_eval.write(str(path), merged, columns=cols, label="policy dataset",
+                   header="\n".join(f"policy {p}: weights {w}"
+                                    for p, w in loaded.items()))
 
 
 def _scored(trajs, pairs):

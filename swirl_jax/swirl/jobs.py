@@ -382,13 +382,17 @@ def run_eval(c, workdir):
     checkers.score_trajectories(trajs[label], tasks)
     results[label] = agent_eval.summarize(trajs[label], tasks, judge,
                                           outcome_judge=outcome)
-    results[label]["weights"] = model.checkpoint
     logging.info("eval %s: %s", label, results[label])
   # Runs sharing a workdir (the filter ablations) add their policies.
   merged = {**agent_eval.read(str(work / "eval")), **results}
+  weights_path = work / "eval" / "weights.json"  # Policy -> its weights.
+  weights = {**(json.loads(weights_path.read_text())
+                if weights_path.exists() else {}),
+             **{label: models[label].checkpoint for label in results}}
   with distributed.one_writer(f"{work / 'eval'}") as writing:
     if writing:
       agent_eval.write(str(work / "eval"), merged, trajs)
+      weights_path.write_text(json.dumps(weights, indent=2))
   print(agent_eval.table(merged))
   return results
 
