@@ -85,7 +85,9 @@ def policy(c, workdir) -> tuple[str, ml_collections.ConfigDict]:
     raise NoPolicy(f"eval.policy={name!r}: not a Hugging Face directory (no "
                    "config.json); valid: '' (the workdir's export), 'base', "
                    "or a directory")
-  return path.name or "policy", _from_dir(c, path)
+  # Named after its run: <run>/hf -> <run>.
+  label = path.resolve().parent.name if path.name == "hf" else path.name
+  return label or "policy", _from_dir(c, path)
 
 
 def rollout_config(c, block) -> loop_lib.RolloutConfig:
