@@ -1,18 +1,19 @@
 """Runs one tiny job with a kill -9 at a chosen point, for test_resume.py.
 
-  python tests/resume_driver.py SCENARIO WORKDIR [KILL_AT MODE]
+  python tests/resume_driver.py SCENARIO WORKDIR [STAGE:K:MODE]
 
-SCENARIO: simpletir (GRPO iterations, scripted turns through the real
-sandbox), stage1, stage2 (the `rl` stage, over stage 1 and filter outputs
-already in WORKDIR) or eval. Kill points are the calls, in order, of the
-functions that make a run's state: `jsonl.append` and `jsonl.write_bytes`
-(every record and file written) and `distributed.run_shared` (every batch of
-rollouts, samples or evaluation). At the KILL_AT-th call the process sends
-itself SIGKILL: MODE 'before' the call, 'after' it, or 'torn' (half of the
-bytes of an append written, then killed). Without KILL_AT it runs to the end
-and prints the number of kill points it passed as its last line.
+SCENARIO: simpletir (GRPO iterations with scripted turns through the real
+sandbox; its one stage is 'train') or swirl (the pipeline: stage1, filter,
+rl, eval). Kill points are the calls, in order, of the functions that make a
+run's state: `jsonl.append` and `jsonl.write_bytes` (every record and file
+written) and `distributed.run_shared` (every batch of rollouts, samples or
+evaluation), counted from the start of each stage. At the K-th point of
+STAGE the process sends itself SIGKILL: MODE 'before' the call, 'after' it,
+or 'torn' (half the bytes of an append written, then killed). A run that
+ends prints, as its last line, the JSON of each stage's kill points.
 """
 
+import json
 import os
 import signal
 import sys
@@ -30,29 +31,40 @@ from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.simpletir import train as simpletir_train
 from swirl_jax.swirl import jobs
 
-_calls = {"n": 0}
+_calls = {"stage": "", "n": 0, "counts": {}}
+_kill = {"stage": "", "at": 0, "mode": ""}
 
 
 def _die():
   os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _hook(module, name, kill_at: int, mode: str):
+def _stage(name: str, run):
+  def wrapped(*args, **kw):
+    _calls["stage"], _calls["n"] = name, 0
+    out = run(*args, **kw)
+    _calls["counts"][name] = _calls["n"]
+    return out
+  return wrapped
+
+
+def _hook(module, name):
   real = getattr(module, name)
 
   def wrapped(*args, **kw):
     _calls["n"] += 1
-    if _calls["n"] == kill_at:
-      if mode == "before":
+    now = _calls["stage"] == _kill["stage"] and _calls["n"] == _kill["at"]
+    if now:
+      if _kill["mode"] == "before":
         _die()
-      if mode == "torn" and name == "append":
+      if _kill["mode"] == "torn" and name == "append":
         data, _ = jsonl._encode(args[1])  # pylint: disable=protected-access
         os.makedirs(os.path.dirname(os.path.abspath(args[0])), exist_ok=True)
         with open(args[0], "ab") as f:
           f.write(data[:max(1, len(data) // 2)])
         _die()
     out = real(*args, **kw)
-    if _calls["n"] == kill_at:
+    if now:
       _die()
     return out
 
@@ -122,23 +134,27 @@ def run_simpletir(workdir):
     return real(self, pairs, **kw)
 
   engine.run_pairs = run_pairs
-  simpletir_train.run(c, workdir, make_sampler=_script_sampler(c, answers))
+  _stage("train", simpletir_train.run)(
+      c, workdir, make_sampler=_script_sampler(c, answers))
 
 
 def main(argv):
   scenario, workdir = argv[1], argv[2]
-  kill_at, mode = (int(argv[3]), argv[4]) if len(argv) > 4 else (0, "")
+  if len(argv) > 3:
+    stage, at, mode = argv[3].split(":")
+    _kill.update(stage=stage, at=int(at), mode=mode)
   for module, name in ((jsonl, "append"), (jsonl, "write_bytes"),
                        (distributed, "run_shared")):
-    _hook(module, name, kill_at, mode)
+    _hook(module, name)
   if scenario == "simpletir":
     run_simpletir(workdir)
   else:
+    for stage in ("stage1", "filter", "rl", "eval"):
+      jobs._RUN[stage] = _stage(stage, jobs._RUN[stage])  # pylint: disable=protected-access
     c = swirl_config()
-    job = {"stage1": jobs.run_stage1_job, "stage2": jobs.run_rl_job,
-           "eval": jobs.run_eval_job}[scenario]
-    job(c, workdir)
-  print(_calls["n"])
+    c.stages = ("stage1", "filter", "rl", "eval")
+    jobs.run_pipeline(c, workdir)
+  print(json.dumps(_calls["counts"]))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Reading P(positive word) off a chat-completion reply (OpenAI format).
 
 P comes from the first reply token's top log-probs when the server returns
-them, else from the reply text (positive -> 1, negative -> 0); None when
-neither says (an error body, prose, an empty reply).
+them (as the model judge reads it off the first token's distribution), else
+from the reply text as a judge means it: the word as the first word or in
+the closing sentence ("Verdict: BAD"), a negated positive ("not good",
+"isn't GOOD", "No, bad") read as negative; None when the text gives no
+verdict (an error body, prose, "not bad", both words, an empty reply).
 """
 
 import math
@@ -32,14 +35,92 @@ def prob_from_logprobs(choice: dict, pos: str, neg: str) -> float | None:
   return None
 
 
-def prob_from_text(text: str, pos: str, neg: str) -> float | None:
-  words = re.findall(r"[A-Za-z]+", text.upper())
-  has_pos, has_neg = pos in words, neg in words
-  if words and words[0] in (pos, neg):
-    return 1.0 if words[0] == pos else 0.0
-  if has_pos != has_neg:
-    return 1.0 if has_pos else 0.0
+# Words that turn "good" into a refusal of it ("not good", "isn't good").
+_NEGATORS = frozenset({"not", "no", "never", "hardly", "neither", "nor",
+                       "isnt", "wasnt", "arent", "dont", "doesnt", "cannot",
+                       "cant", "wouldnt", "nothing", "none"})
+# A verdict's label before its word: "Verdict: GOOD", "Final answer - BAD".
+_LABEL = re.compile(r"^(?:(?:final|my|the)\s+)?(?:verdict|answer|judge?ment|"
+                    r"rating|decision|label|assessment|conclusion)\s*[:\-]\s*",
+                    re.I)
+_MARKUP = re.compile(r"[*_`#>\"']+")
+_SENTENCES = re.compile(r"(?<=[.!?])\s+|\n+")
+_CLAUSE_END = re.compile(r"[,;:()]")
+
+
+def _words(text: str) -> list[str]:
+  return [w.replace("'", "").replace("\u2019", "") for w in
+          re.findall(r"[a-z]+(?:['\u2019][a-z]+)?", text.lower())]
+
+
+def _negated(clause: str, k: int) -> bool:
+  """Whether one of the 3 words before word `k` of `clause` negates it."""
+  return any(w in _NEGATORS for w in _words(clause)[max(0, k - 3):k])
+
+
+def _verdict(clause: str, k: int, pos: str, neg: str) -> float | None:
+  """1 / 0 for the verdict word `k` of `clause`; negated: 0 for `pos`
+  ("not good"), None for `neg` ("not bad" says no verdict)."""
+  word = _words(clause)[k]
+  if _negated(clause, k):
+    return 0.0 if word == pos else None
+  return 1.0 if word == pos else 0.0
+
+
+def _clean(sentence: str) -> str:
+  return _LABEL.sub("", _MARKUP.sub("", sentence).strip()).strip()
+
+
+def _first_word_verdict(sentence: str, pos: str, neg: str) -> float | None:
+  """GOOD / BAD as the reply's first word, or negated there ("Not good",
+  "No, bad", "Yes, good"); None when the sentence names both words."""
+  text = _clean(sentence)
+  words = _words(text)
+  if pos in words and neg in words:
+    return None  # "GOOD or BAD? ..." echoes the question.
+  clause = _CLAUSE_END.split(text, maxsplit=1)
+  first = _words(clause[0])
+  if first and first[0] in (pos, neg):
+    return 1.0 if first[0] == pos else 0.0
+  if len(first) in (2, 3) and first[-1] in (pos, neg) and \
+      all(w in _NEGATORS for w in first[:-1]):  # "Not good", "isn't good".
+    return _verdict(clause[0], len(first) - 1, pos, neg)
+  if first in (["yes"], ["no"]) and len(clause) > 1:  # "No, bad."
+    rest = _words(clause[1])
+    want = pos if first == ["yes"] else neg
+    if rest and rest[0] == want and pos != "yes" and neg != "no":
+      return 1.0 if want == pos else 0.0
   return None
+
+
+def _last_sentence_verdict(sentence: str, pos: str, neg: str
+                           ) -> float | None:
+  """The verdict of a closing sentence that ends in its word ("Verdict:
+  BAD", "So the step is GOOD.", "This step is not good.")."""
+  text = _clean(sentence)
+  words = _words(text)
+  if not words or words[-1] not in (pos, neg) or \
+      (pos in words[:-1] or neg in words[:-1]):
+    return None
+  clause = _CLAUSE_END.split(text)[-1]
+  return _verdict(clause, len(_words(clause)) - 1, pos, neg)
+
+
+def prob_from_text(text: str, pos: str, neg: str) -> float | None:
+  """1.0 / 0.0 for a reply whose text gives the verdict `pos` / `neg`, as
+  its first word or in its closing sentence; a negated `pos` ("not good",
+  "isn't GOOD") reads as `neg`. None for anything else (no verdict, "not
+  bad", both words, or a first word and a closing sentence that disagree).
+  """
+  pos, neg = pos.lower(), neg.lower()
+  sentences = [s for s in _SENTENCES.split(text.strip()) if _words(s)]
+  if not sentences:
+    return None
+  first = _first_word_verdict(sentences[0], pos, neg)
+  last = _last_sentence_verdict(sentences[-1], pos, neg)
+  if first is not None and last is not None and first != last:
+    return None
+  return first if first is not None else last
 
 
 def read_reply(reply, pos: str, neg: str) -> dict:
