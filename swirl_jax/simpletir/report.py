@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 from matplotlib.figure import Figure  # No pyplot: no global backend.
+from matplotlib.ticker import MaxNLocator
 
 from swirl_jax.rollout.records import read_jsonl
 
@@ -111,41 +112,60 @@ def compare_table(runs: dict[str, list[dict]]) -> str:
   return "\n".join(lines)
 
 
-# One quantity per panel: (title, {label: key}); a panel plots the keys
-# the run logged.
+# One quantity per panel: (title, y-axis label, {label: key}); a panel
+# plots the keys the run logged.
 _PANELS = (
-    ("reward", {"reward": "reward"}),
-    ("void rate", {"void rate": "void_rate"}),
-    ("turns per trajectory", {"turns": "turns"}),
-    ("share of turns calling a tool", {"tool calls": "tool_call_rate"}),
-    ("share of tokens with p < 1e-3", {"void": "low_p_share_void",
-                                       "non-void": "low_p_share_nonvoid"}),
-    ("grad-norm (before clipping)", {"update": "grad_norm",
-                                     "void rows": "grad_norm_void",
-                                     "kept rows": "grad_norm_kept"}),
-    ("sampler-trainer k3 KL", {"mismatch": "mismatch_kl"}),
+    ("reward", "mean reward", {"reward": "reward"}),
+    ("void rate", "share of rollouts", {"void rate": "void_rate"}),
+    ("turns per trajectory", "turns", {"turns": "turns"}),
+    ("share of turns calling a tool", "share", {"tool calls":
+                                                "tool_call_rate"}),
+    ("share of tokens with p < 1e-3", "share",
+     {"void": "low_p_share_void", "non-void": "low_p_share_nonvoid"}),
+    ("grad-norm (before clipping)", "L2 norm",
+     {"update": "grad_norm", "void rows": "grad_norm_void",
+      "kept rows": "grad_norm_kept"}),
+    ("sampler-trainer k3 KL", "KL (nats)", {"mismatch": "mismatch_kl"}),
 )
+# Rates and shares: a fixed [0, 1] range, with 0 and 1 off the frame.
+_UNIT = {"reward", "void_rate", "tool_call_rate", "low_p_share_void",
+         "low_p_share_nonvoid"}
+
+
+def _y_range(ax, keys, values) -> None:
+  """[0, 1] for rates and shares, else from 0 to a margin above the
+  maximum: a constant series reads as its value (no 0.96-1.04 range)."""
+  if set(keys) <= _UNIT:
+    ax.set_ylim(-0.04, 1.04)
+    return
+  lo, hi = min(min(values), 0.0), max(max(values), 0.0)
+  pad = 0.08 * (hi - lo) or max(abs(hi), 1e-12)
+  ax.set_ylim(lo - (pad if lo < 0 else 0.0), hi + pad)
 
 
 def _plot(rows, path):
-  panels = [(t, ks) for t, ks in _PANELS
-            if any(r.get(k) is not None for r in rows for k in ks.values())]
+  panels = [p for p in _PANELS if any(
+      r.get(k) is not None for r in rows for k in p[2].values())]
   ncol = 2
   nrow = -(-len(panels) // ncol)
   fig = Figure(figsize=(9, 2.6 * nrow))
   axes = fig.subplots(nrow, ncol, squeeze=False).reshape(-1)
-  for ax, (title, keys) in zip(axes, panels):
+  for ax, (title, ylabel, keys) in zip(axes, panels):
+    drawn, values = 0, []
     for label, key in keys.items():
       pts = [(r["iteration"], r[key]) for r in rows
              if r.get(key) is not None]
       if pts:
         ax.plot(*zip(*pts), marker="o", ms=3, label=label)
+        drawn, values = drawn + 1, values + [v for _, v in pts]
+    _y_range(ax, keys.values(), values)
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel("iteration")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("iteration (metrics.jsonl)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    if len(keys) > 1:
-      ax.legend(fontsize=8)
+    if drawn > 1:
+      ax.legend(fontsize=7)
   for ax in axes[len(panels):]:
     ax.set_visible(False)
   fig.tight_layout()

@@ -234,7 +234,11 @@ def _units(c, workdir) -> list[StepUnit]:
     raise FileNotFoundError(f"{path}: missing; run the filter stage first")
   units = read_jsonl(str(path), StepUnit)
   if not units:
-    raise ValueError(f"{path}: the '{c.filter.strategy}' filter kept no step")
+    rep = path.parent / "report.json"
+    raise filters.nothing_kept(
+        str(path), c.filter.strategy, json.loads(rep.read_text()).get(
+            c.filter.strategy) if rep.exists() else None, c.judge.kind,
+        c.stage1.samples)
   return units
 
 
@@ -324,7 +328,9 @@ def _policy_cfg(c, name: str, workdir) -> ml_collections.ConfigDict:
   return m
 
 
-def run_eval(c, workdir):
+def run_eval(c, workdir, show=True):
+  """`show`: print the results table (off when the report, which holds
+  it, is printed next)."""
   work = pathlib.Path(workdir)
   tasks = _tasks(c, "eval")
   tools_cfg = ml_collections.ConfigDict(c.tools.to_dict())
@@ -359,7 +365,8 @@ def run_eval(c, workdir):
   with distributed.one_writer(f"{work / 'eval'}") as writing:
     if writing:
       agent_eval.write(str(work / "eval"), merged, trajs)
-  print(agent_eval.table(merged))
+  if show:
+    print(agent_eval.table(merged))
   return results
 
 
@@ -410,9 +417,10 @@ def run_pipeline(config, workdir):
   config = resolve(config)
   stages = _stage_list(config.stages)
   _check(config, stages)
-  for stage in stages:
+  for i, stage in enumerate(stages):
     logging.info("SWiRL stage %s", stage)
-    _RUN[stage](config, workdir)
+    quiet = stage == "eval" and "report" in stages[i:]  # Printed once.
+    _RUN[stage](config, workdir, **({"show": False} if quiet else {}))
 
 
 def stage_job(stage: str):

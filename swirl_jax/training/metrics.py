@@ -152,9 +152,11 @@ class _Events:
   def __init__(self, logdir: pathlib.Path):
     # Here, not at the top: tensorboardX imports torch when it is
     # installed (a second), which only writers with TensorBoard pay.
-    from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
-    from tensorboardX.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
-    from tensorboardX.summary import scalar  # pylint: disable=g-import-not-at-top
+    # pylint: disable=g-import-not-at-top
+    from tensorboardX import event_file_writer
+    from tensorboardX.proto import event_pb2, summary_pb2
+    from tensorboardX.summary import scalar
+    # pylint: enable=g-import-not-at-top
     self._pb, self._summary, self._scalar = event_pb2, summary_pb2, scalar
     logdir.mkdir(parents=True, exist_ok=True)
     self._w = event_file_writer.EventsWriter(  # A unique name: no clash
