@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure  # No pyplot: no global backend.
 from matplotlib.ticker import MaxNLocator
 
+from swirl_jax import jsonl
 from swirl_jax.rollout.records import read_jsonl
 
 # Rollout statistics and diagnostics, logged with every step of an
@@ -189,7 +190,11 @@ def main(argv) -> None:
     raise SystemExit(__doc__)
   named = [a.split("=", 1) if "=" in a else [pathlib.Path(a).name, a]
            for a in argv[1:]]
-  runs = {name: iterations(path) for name, path in named}
+  try:
+    runs = {name: iterations(path) for name, path in named}
+  except (FileNotFoundError, jsonl.FormatError) as e:  # One line, status 2.
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
   if len(runs) == 1:
     print(write(named[0][1]))
     return
