@@ -353,7 +353,7 @@ def test_identity_names_what_labels_depend_on():
   assert ident == dict(kind="http", threshold=0.5,
                        prompt=judges.PROMPT_VERSION,
                        url="http://127.0.0.1:8000/v1/chat/completions",
-                       model_name="a", logprobs=True, top_logprobs=5,
+                       model_name="a", logprobs=True, top_logprobs=20,
                        max_tokens=8, temperature=0.0)
   c.max_concurrency = 64  # Throughput settings do not change labels.
   assert judges.identity(c) == ident

@@ -31,7 +31,7 @@ _FIELDS = {
         cache_path="",  # '': the job's default (in the workdir); 'off'.
         # The prompt asks for one word; 8 tokens fit it with markup or a
         # short negation ("**GOOD**", "Not good."), read as a judge means.
-        logprobs=True, top_logprobs=5, max_tokens=8, temperature=0.0,
+        logprobs=True, top_logprobs=20, max_tokens=8, temperature=0.0,
         max_unparsable=0.1,  # Share of a batch; more fails the stage.
         retry_log_every_s=30.0),
     "programmatic": dict,

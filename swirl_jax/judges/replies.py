@@ -12,26 +12,34 @@ import math
 import re
 
 
-def _word_match(token: str, word: str) -> bool:
-  """A reply token that starts (or is) `word`: 'GO' and 'Good' for GOOD."""
-  t = token.strip().strip("*\"'`").upper()
-  return bool(t) and (word.startswith(t) or t.startswith(word))
+def _starts_word(token: str, word: str) -> bool:
+  """A token a reply of `word` can begin with, as the model judge counts
+  them: a prefix of `word` in its case, with or without one leading space
+  ('GO' or ' GOOD' for GOOD, 'B' or ' B' for BAD)."""
+  t = token[1:] if token[:1] == " " else token
+  return bool(t) and word.startswith(t)
+
+
+def _first_token_prob(entry: dict, pos: str, neg: str) -> float | None:
+  p_pos = p_neg = 0.0
+  for alt in entry.get("top_logprobs") or [entry]:
+    a, b = _starts_word(alt["token"], pos), _starts_word(alt["token"], neg)
+    if a != b:
+      p = math.exp(alt["logprob"])
+      p_pos, p_neg = p_pos + a * p, p_neg + b * p
+  return p_pos / (p_pos + p_neg) if p_pos + p_neg > 0 else None
 
 
 def prob_from_logprobs(choice: dict, pos: str, neg: str) -> float | None:
-  """P(pos) from the top log-probs of the reply's first non-blank token."""
+  """P(pos) = P(pos tokens) / P(pos or neg tokens) among the top log-probs
+  of the reply's first token, as the model judge reads its next-token
+  distribution; past leading blanks whose alternatives name neither word.
+  None when the first other token's alternatives name neither."""
   content = (choice.get("logprobs") or {}).get("content") or []
   for entry in content:
-    if not entry.get("token", "").strip().strip("*\"'`"):
-      continue  # Leading blanks or markdown: look at the next token.
-    top = entry.get("top_logprobs") or [entry]
-    p_pos = p_neg = 0.0
-    for alt in top:
-      a, b = _word_match(alt["token"], pos), _word_match(alt["token"], neg)
-      if a != b:
-        p = math.exp(alt["logprob"])
-        p_pos, p_neg = p_pos + a * p, p_neg + b * p
-    return p_pos / (p_pos + p_neg) if p_pos + p_neg > 0 else None
+    p = _first_token_prob(entry, pos, neg)
+    if p is not None or entry.get("token", "").strip():
+      return p
   return None
 
 
