@@ -83,13 +83,16 @@ def _check_model(name: str, m) -> None:
   ckpt = m.get("checkpoint") or ""
   if not ckpt and m.preset not in presets.PRESETS:
     presets.get_preset(m.preset)  # The one-line error naming the presets.
+  del name  # The loaders' own messages, which name the path.
   for what in ("checkpoint", "tokenizer"):
     spec = m.get(what) or ""
     if spec == "bundled":
       paths.smollm2_gguf_path()  # Says how to install it.
     elif spec and not os.path.exists(spec):
-      raise FileNotFoundError(f"{name}.{what}: {spec} does not exist (a "
-                              ".gguf file or a Hugging Face directory)")
+      raise FileNotFoundError(
+          f"{spec}: checkpoint is missing (a .gguf file or a Hugging Face "
+          "directory)" if what == "checkpoint" else f"tokenizer {spec!r}: "
+          "not a .gguf file or a Hugging Face directory")
 
 
 def _data_blocks(config) -> list[tuple[str, str | None]]:

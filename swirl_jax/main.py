@@ -106,17 +106,17 @@ def main(argv):
   except KeyError as e:
     _fail(e.args[0])
   logging.get_absl_handler().addFilter(_quiet_orbax)
-  _between_bars(logging.get_absl_handler())
+  _between_bars(logging.get_absl_handler().python_handler)
   if not flags.FLAGS.traceback:
     sys.unraisablehook = _quiet_unraisable
   logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
                workdir, jax.process_count(), jax.device_count())
   try:
+    _warn_ignored_presets(
+        config, config_flags.get_override_values(flags.FLAGS["config"]))
     jobs.validate(config)  # Before anything is written.
     errors.check_writable(workdir)  # Creates it.
     distributed.check_shared_workdir(workdir)  # Multi-process: seen by all.
-    _warn_ignored_presets(
-        config, config_flags.get_override_values(flags.FLAGS["config"]))
     job(config, workdir)
   except Exception as e:  # pylint: disable=broad-except
     line = errors.one_line(e)
