@@ -71,7 +71,8 @@ def read(path: str) -> dict:
 def write(path: str, results: dict, trajs: dict[str, list] | None = None):
   p = pathlib.Path(path)
   p.mkdir(parents=True, exist_ok=True)
-  (p / "results.json").write_text(json.dumps(results, indent=2))
-  (p / "results.md").write_text(table(results) + "\n")
+  # Atomic: a run killed mid-write leaves the old results, never half.
+  jsonl.write_bytes(p / "results.json", json.dumps(results, indent=2).encode())
+  jsonl.write_bytes(p / "results.md", (table(results) + "\n").encode())
   for name, ts in (trajs or {}).items():
     jsonl.write(p / f"trajectories_{name}.jsonl", ts)
