@@ -26,6 +26,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -70,17 +71,20 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_server(gguf: str, port: int, n_ctx: int) -> subprocess.Popen:
-  """llama-cpp-python's server on `gguf`, once it answers /v1/models."""
+def start_server(gguf: str, port: int, n_ctx: int, log) -> subprocess.Popen:
+  """llama-cpp-python's server on `gguf` (its output to the file `log`),
+  once it answers /v1/models."""
   proc = subprocess.Popen(
       [sys.executable, "-m", "llama_cpp.server", "--model", gguf,
        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
-       "--logits_all", "true", "--model_alias", "smollm2"],
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  deadline = time.monotonic() + 300
+       "--logits_all", "true", "--model_alias", "smollm2",
+       "--n_threads", str(os.cpu_count() or 1)],
+      stdout=log, stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + 600
   while time.monotonic() < deadline:
     if proc.poll() is not None:
-      raise RuntimeError(f"llama_cpp.server exited: {proc.stderr.read()}")
+      raise RuntimeError(f"llama_cpp.server exited ({proc.returncode}); "
+                         f"its log: {log.name}")
     try:
       if requests.get(f"http://127.0.0.1:{port}/v1/models",
                       timeout=2).ok:
@@ -88,7 +92,8 @@ def start_server(gguf: str, port: int, n_ctx: int) -> subprocess.Popen:
     except requests.RequestException:
       time.sleep(0.5)
   proc.kill()
-  raise RuntimeError("llama_cpp.server did not start in 300 s")
+  raise RuntimeError(f"llama_cpp.server did not start in 600 s; its log: "
+                     f"{log.name}")
 
 
 def compare(p_http, p_model, threshold=0.5) -> dict:
@@ -117,7 +122,9 @@ def main():
   parser.add_argument("--stage1", default="",
                       help="a run's stage 1 directory (default: the demo's "
                       "gold and wrong steps)")
-  parser.add_argument("--top_logprobs", type=int, default=20)
+  parser.add_argument("--top_logprobs", default="20,200",
+                      help="alternatives the server lists, one HTTP pass "
+                      "each (20: OpenAI's and vLLM's default cap)")
   parser.add_argument("--n_ctx", type=int, default=2048)
   args = parser.parse_args()
   units = (run_steps(args.stage1, args.steps) if args.stage1 else
@@ -134,27 +141,34 @@ def main():
   model_s = time.perf_counter() - start
 
   port = _free_port()
-  server = start_server(gguf, port, args.n_ctx)
+  log = tempfile.NamedTemporaryFile("w", prefix="llama_server_",
+                                    suffix=".log", delete=False)
+  server = start_server(gguf, port, args.n_ctx, log)
+  results, p_http = {}, {}
   try:
-    http = judges.HTTPJudge(f"http://127.0.0.1:{port}", "smollm2",
-                            top_logprobs=args.top_logprobs,
-                            max_concurrency=1, max_unparsable=1.0)
-    start = time.perf_counter()
-    p_http = http.score_or_none(states, actions)
-    http_s = time.perf_counter() - start
+    for k in map(int, args.top_logprobs.split(",")):
+      http = judges.HTTPJudge(f"http://127.0.0.1:{port}", "smollm2",
+                              top_logprobs=k, max_concurrency=1,
+                              max_unparsable=1.0)
+      start = time.perf_counter()
+      p_http[k] = http.score_or_none(states, actions)
+      results[f"top_logprobs_{k}"] = dict(
+          compare(p_http[k], p_model),
+          http_judge_s=round(time.perf_counter() - start, 2))
   finally:
     server.terminate()
     server.wait(timeout=60)
+    log.close()
 
-  out = dict(benchmark="judge_server", model=os.path.basename(gguf),
-             source=args.stage1 or "demo gold and wrong steps",
-             top_logprobs=args.top_logprobs, **compare(p_http, p_model),
-             model_judge_s=round(model_s, 2), http_judge_s=round(http_s, 2))
-  for i, (u, h, m) in enumerate(zip(units, p_http, p_model)):
+  for i, (u, m) in enumerate(zip(units, p_model)):
     if i < 8:
-      print(f"step {i}: http {h if h is None else round(h, 4)}  model "
-            f"{m:.4f}  {u.action_text[:60]!r}")
-  print(json.dumps(out))
+      got = "  ".join(f"http@{k} {'-' if p[i] is None else f'{p[i]:.4f}'}"
+                      for k, p in p_http.items())
+      print(f"step {i}: model {m:.4f}  {got}  {u.action_text[:50]!r}")
+  print(json.dumps(dict(
+      benchmark="judge_server", model=os.path.basename(gguf),
+      source=args.stage1 or "demo gold and wrong steps", steps=len(units),
+      model_judge_s=round(model_s, 2), **results)))
 
 
 if __name__ == "__main__":

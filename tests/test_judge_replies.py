@@ -96,3 +96,27 @@ def test_logprobs_come_first_and_text_is_the_fallback():
   for text, want in (("Not good.", 0.0), ("Hmm.", None)):
     hit = replies.read_reply(_chat_reply(text), "GOOD", "BAD")
     assert replies.reply_prob(hit, "GOOD", "BAD") == want
+
+
+def _first_token(top):
+  import math  # pylint: disable=g-import-not-at-top
+  reply = _chat_reply("x", top[0][0], [(t, math.log(p)) for t, p in top])
+  return replies.prob_from_logprobs(reply["choices"][0], "GOOD", "BAD")
+
+
+def test_first_token_counts_each_variants_longest_prefix():
+  # 'G' begins many words; with 'GO' listed, GOOD's no-space start is 'GO'.
+  assert _first_token([("The", 0.5), ("G", 0.2), ("GO", 0.1), (" GOOD", 0.1),
+                       ("B", 0.1)]) == pytest.approx(0.2 / 0.3)
+  # Lower case is another word, as for the model judge's token ids.
+  assert _first_token([("good", 0.6), ("GO", 0.1), ("B", 0.3)]) == \
+      pytest.approx(0.25)
+
+
+def test_a_word_past_the_listed_alternatives_is_bounded_not_zero():
+  # BAD is not listed: its P is at most the least listed one's (0.05).
+  assert _first_token([("The", 0.6), ("GO", 0.15), ("A", 0.05)]) == \
+      pytest.approx(0.15 / 0.2)
+  assert _first_token([("The", 0.6), ("B", 0.3), ("A", 0.1)]) == \
+      pytest.approx(0.1 / 0.4)
+  assert _first_token([("The", 0.9), ("A", 0.1)]) is None

@@ -12,21 +12,38 @@ import math
 import re
 
 
-def _starts_word(token: str, word: str) -> bool:
-  """A token a reply of `word` can begin with, as the model judge counts
-  them: a prefix of `word` in its case, with or without one leading space
-  ('GO' or ' GOOD' for GOOD, 'B' or ' B' for BAD)."""
-  t = token[1:] if token[:1] == " " else token
-  return bool(t) and word.startswith(t)
+def _prefix(token: str, word: str) -> str | None:
+  """The variant ('W' or ' W') whose start `token` spells (a non-empty
+  prefix of `word` in its case, after at most one leading space), else
+  None: 'GO' and ' GOOD' for GOOD, 'B' and ' B' for BAD."""
+  space, t = (" ", token[1:]) if token[:1] == " " else ("", token)
+  return space if t and word.startswith(t) else None
+
+
+def _mass(top: list[dict], word: str) -> float:
+  """P of the tokens a reply of `word` begins with, as the model judge
+  counts them: per variant ('W', ' W') the longest listed prefix token (a
+  tokenizer starts the word with its longest piece: 'GO' for GOOD; a
+  listed 'G' then begins other words)."""
+  best = {}  # variant -> (length, probability)
+  for alt in top:
+    v = _prefix(alt["token"], word)
+    if v is not None and len(alt["token"]) > best.get(v, (0, 0.0))[0]:
+      best[v] = (len(alt["token"]), math.exp(alt["logprob"]))
+  return sum(p for _, p in best.values())
 
 
 def _first_token_prob(entry: dict, pos: str, neg: str) -> float | None:
-  p_pos = p_neg = 0.0
-  for alt in entry.get("top_logprobs") or [entry]:
-    a, b = _starts_word(alt["token"], pos), _starts_word(alt["token"], neg)
-    if a != b:
-      p = math.exp(alt["logprob"])
-      p_pos, p_neg = p_pos + a * p, p_neg + b * p
+  top = [a for a in entry.get("top_logprobs") or [entry]
+         if not (_prefix(a["token"], pos) is not None and
+                 _prefix(a["token"], neg) is not None)]
+  p_pos, p_neg = _mass(top, pos), _mass(top, neg)
+  if (p_pos > 0) != (p_neg > 0) and len(top) > 1:
+    # The other word is past the listed alternatives: its P is at most the
+    # least listed one's, so P(pos) is taken at that bound (the least sure
+    # value the list allows), not at 0 or 1.
+    floor = min(math.exp(a["logprob"]) for a in top)
+    p_pos, p_neg = max(p_pos, floor), max(p_neg, floor)
   return p_pos / (p_pos + p_neg) if p_pos + p_neg > 0 else None
 
 
@@ -34,7 +51,9 @@ def prob_from_logprobs(choice: dict, pos: str, neg: str) -> float | None:
   """P(pos) = P(pos tokens) / P(pos or neg tokens) among the top log-probs
   of the reply's first token, as the model judge reads its next-token
   distribution; past leading blanks whose alternatives name neither word.
-  None when the first other token's alternatives name neither."""
+  None when the first other token's alternatives name neither. The fewer
+  alternatives a server lists (`top_logprobs`), the more often a word's
+  first token is past them for a judge that rarely says it."""
   content = (choice.get("logprobs") or {}).get("content") or []
   for entry in content:
     p = _first_token_prob(entry, pos, neg)

@@ -140,8 +140,8 @@ def _y_range(ax, keys, values) -> None:
     ax.set_ylim(-0.04, 1.04)
     return
   lo, hi = min(min(values), 0.0), max(max(values), 0.0)
-  pad = 0.08 * (hi - lo) or max(abs(hi), 1e-12)
-  ax.set_ylim(lo - (pad if lo < 0 else 0.0), hi + pad)
+  span = (hi - lo) or 1.0  # All zero: 0 to 1.
+  ax.set_ylim(lo - 0.04 * span, hi + 0.08 * span)  # 0 off the frame.
 
 
 def _plot(rows, path):

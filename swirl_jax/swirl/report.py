@@ -79,8 +79,8 @@ def _y_range(ax, key: str, values) -> None:
     ax.set_ylim(*_UNIT_RANGE)
     return
   lo, hi = min(min(values), 0.0), max(max(values), 0.0)
-  pad = 0.08 * (hi - lo) or max(abs(hi), 1e-12)
-  ax.set_ylim(lo - (pad if lo < 0 else 0.0), hi + pad)
+  span = (hi - lo) or 1.0  # All zero: 0 to 1.
+  ax.set_ylim(lo - 0.04 * span, hi + 0.08 * span)  # 0 off the frame.
 
 
 def _reward_panel(ax, pts, x) -> None:
@@ -96,7 +96,7 @@ def _reward_panel(ax, pts, x) -> None:
   if all(r.get("reward_p50") is not None for r in pts):
     ax.plot(x, [r["reward_p50"] for r in pts], ls="--", marker="s", ms=3,
             lw=1, label="median")
-  ax.legend(fontsize=7, loc="lower right")
+  ax.legend(fontsize=7, loc="best")
 
 
 def _plot_steps(rows, path):
