@@ -24,6 +24,10 @@ from typing import Callable
 
 import ml_collections
 
+from swirl_jax import config_lib, paths
+from swirl_jax.models import presets
+from swirl_jax.tasks import datasets
+
 JOBS: dict[str, str] = {
     "chat": "swirl_jax.chat:run",
     "data": "swirl_jax.tasks.prepare:run",
@@ -78,8 +82,6 @@ def _model_blocks(block, path=""):
 
 
 def _check_model(name: str, m) -> None:
-  from swirl_jax import paths  # pylint: disable=g-import-not-at-top
-  from swirl_jax.models import presets  # pylint: disable=g-import-not-at-top
   ckpt = m.get("checkpoint") or ""
   if not ckpt and m.preset not in presets.PRESETS:
     presets.get_preset(m.preset)  # The one-line error naming the presets.
@@ -125,15 +127,13 @@ def validate(config) -> None:
     _check_model(name, block)
   data = _data_blocks(config)
   if data:
-    from swirl_jax.tasks import datasets  # pylint: disable=g-import-not-at-top
     data_dir = config.data.get("data_dir") or None
     for name, split in dict.fromkeys(data):
-      _check_dataset(datasets, name, split)
+      _check_dataset(name, split)
       datasets.load_tasks(name, split, data_dir, 1)
 
 
-def _check_dataset(datasets, name: str, split: str | None) -> None:
-  from swirl_jax import config_lib  # pylint: disable=g-import-not-at-top
+def _check_dataset(name: str, split: str | None) -> None:
   if name.startswith("tfds:"):
     return
   spec = datasets.DATASETS.get(name)
