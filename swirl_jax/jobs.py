@@ -63,34 +63,35 @@ _SWIRL_DATA = (("train", "train_split"), ("eval", "eval_split"))
 _SWIRL_STAGES_WITH_DATA = {"warmstart", "stage1", "filter", "rl", "eval"}
 
 
-def _model_blocks(block, path=""):
-  """(name, block) of every model block a job may load: `preset` and
-  `checkpoint` fields; a judge's only when it loads a model of its own."""
-  for key, value in block.items():
+def _model_blocks(block):
+  """Every model block a job may load (`preset` and `checkpoint` fields);
+  a judge's only when it loads a model of its own."""
+  for value in block.values():
     if not isinstance(value, ml_collections.ConfigDict):
       continue
-    name = f"{path}{key}"
     if "preset" in value and "checkpoint" in value:
-      yield name, value
+      yield value
     elif value.get("kind") in ("http", "programmatic"):
       continue  # A judge that loads no model.
     elif value.get("kind") == "model" and "model" in value and \
         not value.model.get("checkpoint"):
       continue  # It borrows the policy, checked as the policy.
     else:
-      yield from _model_blocks(value, name + ".")
+      yield from _model_blocks(value)
 
 
-def _check_model(name: str, m) -> None:
+def _check_model(m, *, reads_weights: bool) -> None:
+  """The preset the job builds (when no checkpoint names one) and the
+  checkpoint and tokenizer paths it loads (a job that loads no weights,
+  the fit job, reads the preset only)."""
   ckpt = m.get("checkpoint") or ""
-  if not ckpt and m.preset not in presets.PRESETS:
+  if (not ckpt or not reads_weights) and m.preset not in presets.PRESETS:
     presets.get_preset(m.preset)  # The one-line error naming the presets.
-  del name  # The loaders' own messages, which name the path.
-  for what in ("checkpoint", "tokenizer"):
+  for what in ("checkpoint", "tokenizer") if reads_weights else ():
     spec = m.get(what) or ""
     if spec == "bundled":
       paths.smollm2_gguf_path()  # Says how to install it.
-    elif spec and not os.path.exists(spec):
+    elif spec and not os.path.exists(spec):  # The loaders' own messages.
       raise FileNotFoundError(
           f"{spec}: checkpoint is missing (a .gguf file or a Hugging Face "
           "directory)" if what == "checkpoint" else f"tokenizer {spec!r}: "
@@ -123,8 +124,8 @@ def _data_blocks(config) -> list[tuple[str, str | None]]:
 def validate(config) -> None:
   """Checks the model blocks, then the job's data sets; one-line errors.
   Reads only (nothing is written)."""
-  for name, block in _model_blocks(config):
-    _check_model(name, block)
+  for block in _model_blocks(config):
+    _check_model(block, reads_weights=config.get("job") != "fit")
   data = _data_blocks(config)
   if data:
     data_dir = config.data.get("data_dir") or None
