@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+from tensorboardX.proto import event_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODES = ("before", "after", "torn")
@@ -72,7 +73,6 @@ def tensorboard_scalars(logdir) -> list[tuple[int, str, float]]:
   """(step, tag, value) as TensorBoard shows them: the events files in name
   order, a restart (SessionLog START at step s) hiding what earlier files
   had at steps >= s."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
   shown = []
   for path in sorted(pathlib.Path(logdir).glob("events.out.tfevents.*")):
     data, i = path.read_bytes(), 0

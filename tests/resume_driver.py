@@ -149,8 +149,9 @@ def main(argv):
   if scenario == "simpletir":
     run_simpletir(workdir)
   else:
+    run = jobs._RUN  # pylint: disable=protected-access
     for stage in ("stage1", "filter", "rl", "eval"):
-      jobs._RUN[stage] = _stage(stage, jobs._RUN[stage])  # pylint: disable=protected-access
+      run[stage] = _stage(stage, run[stage])
     c = swirl_config()
     c.stages = ("stage1", "filter", "rl", "eval")
     jobs.run_pipeline(c, workdir)

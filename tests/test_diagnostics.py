@@ -246,7 +246,8 @@ def test_swirl_report_per_step_distribution_and_split_shares(tmp_path):
   for name in ("reward.png", "judged_steps.png"):
     assert (tmp_path / name).stat().st_size > 0
   # Two steps: a default locator would tick 0, 0.2, ..., 1.
-  fig = swirl_report._plot_steps(rows[1:], tmp_path / "r2.png")  # pylint: disable=protected-access
+  plot = swirl_report._plot_steps  # pylint: disable=protected-access
+  fig = plot(rows[1:], tmp_path / "r2.png")
   assert len(fig.axes) == 4  # reward, GOOD share, mismatch, grad-norm.
   for ax in fig.axes:
     assert all(float(t).is_integer() for t in ax.get_xticks())

@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+# pylint: disable=redefined-outer-name,protected-access
+
 from swirl_jax import config_lib, errors, jobs
 from swirl_jax.swirl import filters
 from swirl_jax.swirl import jobs as swirl_jobs
@@ -36,20 +38,20 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
      "flag --config.rl_iterations=abc: invalid literal for int() with base "
      "10: 'abc'"),
 ])
-def test_config_typos_read_as_one_plain_line(cli, tmp_path, args, line):  # pylint: disable=redefined-outer-name
+def test_config_typos_read_as_one_plain_line(cli, tmp_path, args, line):
   code, err = cli(*args, f"--workdir={tmp_path / 'w'}")
   _assert_one_line_error(code, err, line)
   assert not (tmp_path / "w").exists()
 
 
-def test_a_misspelt_preset_fails_before_the_warm_start_writes(cli, tmp_path):  # pylint: disable=redefined-outer-name
+def test_a_misspelt_preset_fails_before_the_warm_start_writes(cli, tmp_path):
   code, err = cli("--config=configs/simpletir_demo.py:smoke",
                   "--config.model.preset=minii", f"--workdir={tmp_path / 'w'}")
   assert code == 2 and err.startswith("error: unknown model preset 'minii'")
   assert not (tmp_path / "w").exists()  # No warmstart/tokenizer/.
 
 
-def test_a_preset_typo_is_not_masked_by_missing_data(cli, tmp_path):  # pylint: disable=redefined-outer-name
+def test_a_preset_typo_is_not_masked_by_missing_data(cli, tmp_path):
   code, err = cli("--config=configs/swirl_gsm8k.py:model=minii,runlocal",
                   f"--config.data.data_dir={tmp_path / 'none'}",
                   f"--workdir={tmp_path / 'w'}")
@@ -65,9 +67,9 @@ def test_a_preset_typo_is_not_masked_by_missing_data(cli, tmp_path):  # pylint: 
 def test_validation_reads_each_jobs_data_sets():
   c = config_lib.load_config_module(
       str(REPO / "configs" / "swirl_gsm8k.py")).get_config("runlocal")
-  assert jobs._data_blocks(c) == [("gsm8k", "train"), ("gsm8k", "test")]  # pylint: disable=protected-access
+  assert jobs._data_blocks(c) == [("gsm8k", "train"), ("gsm8k", "test")]
   c.stages = ("sft", "report")  # Read saved steps and files only.
-  assert jobs._data_blocks(c) == []  # pylint: disable=protected-access
+  assert jobs._data_blocks(c) == []
   c.data.eval_split = "tst"
   c.stages = ("eval",)
   with pytest.raises(config_lib.ConfigError, match="no split 'tst'"):
@@ -159,7 +161,7 @@ def test_a_filter_that_keeps_nothing_says_why_in_one_line(tmp_path):
 def test_the_pipeline_prints_the_results_table_once(monkeypatch, tmp_path):
   calls = []
   for stage in ("eval", "report"):
-    monkeypatch.setitem(swirl_jobs._RUN, stage,  # pylint: disable=protected-access
+    monkeypatch.setitem(swirl_jobs._RUN, stage,
                         lambda c, w, stage=stage, **kw: calls.append(
                             (stage, kw)))
   c = config_lib.load_config_module(
