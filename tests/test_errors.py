@@ -355,10 +355,11 @@ def test_disk_full_during_a_checkpoint(tmp_path):
       f"mount -t tmpfs -o size=64k tmpfs {disk}; mkdir {disk}/w; "
       f"echo kept > {disk}/w/notes.txt; "
       f"{sys.executable} {tmp_path}/job.py --config={tmp_path}/cfg.py "
-      f"--workdir={disk}/w || echo status=$?; cat {disk}/w/notes.txt",
-      tmp_path)
+      f"--workdir={disk}/w || echo status=$?; cat {disk}/w/notes.txt; "
+      f"find {disk}/w -name '*.orbax-checkpoint-tmp*'", tmp_path)
   out, err = proc.stdout.splitlines(), proc.stderr.splitlines()
-  assert out[-2:] == ["status=2", "kept"], proc.stderr[-3000:]
+  # No half-written checkpoint is left behind (find prints none).
+  assert out[-2:] == ["status=2", "kept"], proc.stdout + proc.stderr[-3000:]
   assert re.fullmatch(
       rf"error: disk full: {disk}/w/checkpoints/1\.orbax-checkpoint-tmp/\S+: "
       r"No space left on device", err[-1]), err[-1]

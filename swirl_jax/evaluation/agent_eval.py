@@ -93,10 +93,11 @@ def write(path: str, results: dict, trajs: dict[str, list] | None = None,
   under `header`) and the trajectories of each entry as JSONL."""
   p = pathlib.Path(path)
   p.mkdir(parents=True, exist_ok=True)
-  (p / "results.json").write_text(json.dumps(results, indent=2))
+  # Atomic: a run killed mid-write leaves the old results, never half.
+  jsonl.write_bytes(p / "results.json", json.dumps(results, indent=2).encode())
   text = table(results, label=label) if columns is None else \
       table(results, columns, label=label)
-  (p / "results.md").write_text((f"{header}\n\n" if header else "")
-                                + text + "\n")
+  head = f"{header}\n\n" if header else ""
+  jsonl.write_bytes(p / "results.md", (head + text + "\n").encode())
   for name, ts in (trajs or {}).items():
     jsonl.write(p / f"trajectories_{name}.jsonl", ts)

@@ -42,8 +42,13 @@ from swirl_jax.simpletir import report
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
+from swirl_jax.training import metrics as metrics_lib
 from swirl_jax.training import probes
 from swirl_jax.training import trainer as trainer_lib
+
+
+# One rollouts file per iteration; a resume rewinds it with metrics.jsonl.
+ROLLOUTS = metrics_lib.RecordFile("rollouts/iter_*.jsonl", per_file=True)
 
 
 def prompt_batches(tasks, per_step: int, seed: int, start: int):
@@ -170,7 +175,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   mesh, (cfg, params, tok) = trainer_lib.load_policy(
       c.train, warmstart.model_config(c, workdir), seed=c.seed)
   trainer = trainer_lib.Trainer(c.train, workdir, cfg, params=params,
-                                mesh=mesh)
+                                mesh=mesh, records=(ROLLOUTS,))
   del params  # The trainer's state holds the weights.
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))

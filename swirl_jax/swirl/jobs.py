@@ -21,7 +21,7 @@ import ml_collections
 import tqdm
 from absl import logging
 
-from swirl_jax import config_lib, distributed, judges, warmstart
+from swirl_jax import config_lib, distributed, judges, jsonl, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
@@ -235,7 +235,11 @@ def _units(c, workdir) -> list[StepUnit]:
     raise FileNotFoundError(f"{path}: missing; run the filter stage first")
   units = read_jsonl(str(path), StepUnit)
   if not units:
-    raise ValueError(f"{path}: the '{c.filter.strategy}' filter kept no step")
+    rep = path.parent / "report.json"
+    raise filters.nothing_kept(
+        str(path), c.filter.strategy, json.loads(rep.read_text()).get(
+            c.filter.strategy) if rep.exists() else None, c.judge.kind,
+        c.stage1.samples)
   return units
 
 
@@ -345,7 +349,9 @@ def _outcome_judge(c, judge):
   return judges.OutcomeJudge(judge)
 
 
-def run_eval(c, workdir):
+def run_eval(c, workdir, show=True):
+  """`show`: print the results table (off when the report, which holds
+  it, is printed next)."""
   work = pathlib.Path(workdir)
   tasks = _tasks(c, "eval")
   tools_cfg = ml_collections.ConfigDict(c.tools.to_dict())
@@ -392,8 +398,9 @@ def run_eval(c, workdir):
   with distributed.one_writer(f"{work / 'eval'}") as writing:
     if writing:
       agent_eval.write(str(work / "eval"), merged, trajs)
-      weights_path.write_text(json.dumps(weights, indent=2))
-  print(agent_eval.table(merged))
+      jsonl.write_bytes(weights_path, json.dumps(weights, indent=2).encode())
+  if show:
+    print(agent_eval.table(merged))
   return results
 
 
@@ -444,9 +451,10 @@ def run_pipeline(config, workdir):
   config = resolve(config)
   stages = _stage_list(config.stages)
   _check(config, stages)
-  for stage in stages:
+  for i, stage in enumerate(stages):
     logging.info("SWiRL stage %s", stage)
-    _RUN[stage](config, workdir)
+    quiet = stage == "eval" and "report" in stages[i:]  # Printed once.
+    _RUN[stage](config, workdir, **({"show": False} if quiet else {}))
 
 
 def stage_job(stage: str):
