@@ -109,7 +109,7 @@ def test_unknown_eval_dataset_is_one_line(tmp_path):
   _fails("--config=configs/simpletir_math.py:runlocal",
          "--config.job=simpletir_eval", "--config.eval.datasets=('amc24',)",
          f"--workdir={tmp_path}",
-         want="unknown dataset 'amc24'; known: aime, aime24, aime25, amc23")
+         want="unknown dataset 'amc24'; valid: aime, aime24, aime25, amc23")
   _fails("--config=configs/swirl_transfer.py:eval=beerqa",
          f"--workdir={tmp_path}",
          want="eval='beerqa'; valid: gsm8k, hotpotqa, musique")
