@@ -132,11 +132,18 @@ class Pair(NamedTuple):
   seed: int
 
 
-def pair_seed(run_seed: int, task_id: Any, sample: int) -> int:
-  """A 31-bit seed from the run seed and the pair only (never the host)."""
-  text = json.dumps([int(run_seed), str(task_id), int(sample)])
+def mix_seed(*parts: int | str) -> int:
+  """A 31-bit seed from `parts` (ints and strings) alone: the one way
+  seeds are derived (an iteration's from the run seed, a pair's, a row's
+  turn), so none depends on the host, the batch or the slot."""
+  text = json.dumps([p if isinstance(p, str) else int(p) for p in parts])
   digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
   return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+def pair_seed(run_seed: int, task_id: Any, sample: int) -> int:
+  """A seed from the run seed and the pair only (never the host)."""
+  return mix_seed(run_seed, str(task_id), sample)
 
 
 def host_block(n: int, *, even: bool = True, process_index: int | None = None,

@@ -206,14 +206,15 @@ def swirl_scenario(work: pathlib.Path) -> None:
 def stage1_scenario(work: pathlib.Path) -> None:
   """Scripted stage 1 over 6 questions, one question (2 samples) a batch."""
   from swirl_jax.models import loading  # pylint: disable=g-import-not-at-top
-  from swirl_jax.rollout import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout import turns  # pylint: disable=g-import-not-at-top
   from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
   from swirl_jax.swirl import stage1  # pylint: disable=g-import-not-at-top
   from swirl_jax.tasks import synthetic  # pylint: disable=g-import-not-at-top
   from swirl_jax.tools import registry  # pylint: disable=g-import-not-at-top
   tok = loading.load_tokenizer("bundled")
   tasks = synthetic.arithmetic_tasks(6, seed=2)
-  current = _scripted_pairs(loop_lib.RolloutLoop,
+  current = _scripted_pairs(engine_lib.RolloutEngine,
                             float(os.environ.get("PAUSE_S", "0")))
 
   def script(row, turn):
@@ -221,9 +222,9 @@ def stage1_scenario(work: pathlib.Path) -> None:
     return f"<answer>{task.answer if k else 0}</answer>" if turn else \
         "<calculator>1 + 2</calculator>"
 
-  loop = loop_lib.RolloutLoop(
+  loop = engine_lib.RolloutEngine(
       ScriptedSampler(tok, script), tok, registry.build_tools(("calculator",)),
-      loop_lib.RolloutConfig(fmt="swirl", max_turns=3))
+      turns.RolloutConfig(fmt="swirl", max_turns=3))
   stage1.generate(loop, tasks, str(work / "stage1"), samples=2,
                   tasks_per_batch=1)
 

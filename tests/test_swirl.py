@@ -11,7 +11,7 @@ import pytest
 from swirl_jax.models import decoder, loading
 from swirl_jax import config_lib
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import StepUnit, read_jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.swirl import jobs, stage1, stage2
@@ -48,7 +48,7 @@ def test_stage1_resume_has_each_pair_once(tmp_path, tokenizer):
 
   out = str(tmp_path / "stage1")
   tools = registry.build_tools(("calculator",))
-  cfg = loop_lib.RolloutConfig(fmt="swirl", max_turns=3)
+  cfg = turns.RolloutConfig(fmt="swirl", max_turns=3)
   kill = True
   loop = Loop(ScriptedSampler(tokenizer, script), tokenizer, tools, cfg)
   with pytest.raises(_Killed):

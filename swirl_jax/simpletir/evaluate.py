@@ -12,7 +12,7 @@ from swirl_jax import distributed
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import checkers
@@ -30,7 +30,7 @@ def run(config, workdir: str) -> dict:
   rc = dict(c.rollout, max_turns=e.max_turns, temperature=e.temperature,
             seed=c.seed)
   loop = engine_lib.RolloutEngine(
-      sampler, tok, tools, loop_lib.RolloutConfig.from_config(rc),
+      sampler, tok, tools, turns.RolloutConfig.from_config(rc),
       engine_lib.EngineConfig.from_config(c.get("engine") or {}))
   results, trajs = {}, {}
   for spec in e.datasets:
@@ -43,7 +43,7 @@ def run(config, workdir: str) -> dict:
         [(t, k) for t in tasks for k in range(e.k)],
         to_text=Trajectory.to_json, from_text=Trajectory.from_json)
     results[spec] = {**agent_eval.pass_at_k(ts, e.k),
-                     **loop_lib.response_stats(ts), "n": float(len(tasks))}
+                     **turns.response_stats(ts), "n": float(len(tasks))}
     trajs[spec.replace(":", "_")] = ts
     logging.info("%s: %s", spec, results[spec])
   with distributed.one_writer(f"{out}") as writing:

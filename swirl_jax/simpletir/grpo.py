@@ -13,7 +13,7 @@ import numpy as np
 
 from swirl_jax import config_lib
 from swirl_jax.ops import advantages as adv_lib
-from swirl_jax.rollout import batching, loop
+from swirl_jax.rollout import batching, turns
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.simpletir import void as void_lib
 
@@ -53,8 +53,8 @@ def select_rows(trajs: Sequence[Trajectory], g: GroupConfig):
     lo, hi = g.accuracy_band
     keep &= adv_lib.accuracy_band_filter(rewards, g.group_size, lo=lo, hi=hi)
   rows = np.flatnonzero(keep)
-  stats = {**loop.response_stats(trajs), "reward": float(rewards.mean()),
-           "void_rate": float(void.mean()),  # Any void turn, re-parsed.
+  stats = {**turns.response_stats(trajs, "simpletir"),
+           "reward": float(rewards.mean()),
            "rows_in_loss": float(len(rows)),
            "groups_kept": float(len(set(rows // g.group_size))),
            **void_lib.token_stats(trajs, void), **void_lib.tool_stats(trajs)}

@@ -24,7 +24,7 @@ from absl import logging
 from swirl_jax import distributed, warmstart
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import Trajectory, write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import grpo
@@ -79,7 +79,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   c = resolve(config)
   work = pathlib.Path(workdir)
   # Bad rollout or group settings fail here, before any data or model work.
-  rollout_cfg = loop_lib.RolloutConfig.from_config(c.rollout)
+  rollout_cfg = turns.RolloutConfig.from_config(c.rollout)
   engine_cfg = engine_lib.EngineConfig.from_config(c.get("engine") or {})
   groups = grpo.GroupConfig.from_config(c.grpo)
   tasks = datasets.load_tasks(c.data.train, c.data.get("train_split"),
@@ -115,7 +115,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
       if it >= c.num_iterations:
         break
       sampler.params = trainer.sampling_params()
-      rollout.config = loop_lib.RolloutConfig.from_config(
+      rollout.config = turns.RolloutConfig.from_config(
           dict(c.rollout, seed=c.seed * 100003 + it))
       if jax.process_count() == 1:  # Groups scored as they complete.
         trajs = oversample.rollout(rollout, batch_tasks, groups,

@@ -26,7 +26,7 @@ from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import (StepUnit, Trajectory, read_jsonl,
                                        write_jsonl)
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
@@ -73,7 +73,7 @@ def _rollout_loop(c, policy, tools, rc) -> engine_lib.RolloutEngine:
   cfg, params, tok = policy
   sampler = Sampler(params, cfg, tok, SamplerConfig.from_config(c.sampler))
   return engine_lib.RolloutEngine(
-      sampler, tok, tools, loop_lib.RolloutConfig.from_config(rc),
+      sampler, tok, tools, turns.RolloutConfig.from_config(rc),
       engine_lib.EngineConfig.from_config(c.get("engine") or {}))
 
 
