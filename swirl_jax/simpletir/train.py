@@ -116,7 +116,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
         break
       sampler.params = trainer.sampling_params()
       rollout.config = turns.RolloutConfig.from_config(
-          dict(c.rollout, seed=c.seed * 100003 + it))
+          dict(c.rollout, seed=distributed.mix_seed(c.seed, "rollout", it)))
       if jax.process_count() == 1:  # Groups scored as they complete.
         trajs = oversample.rollout(rollout, batch_tasks, groups,
                                    c.prompts_per_step)

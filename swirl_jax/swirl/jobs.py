@@ -276,7 +276,8 @@ def _rl(c, workdir):
       sampler.params = trainer.sampling_params()
       actions, rewards = stage2.unpack(distributed.run_shared(
           lambda part: stage2.sample_and_score(  # pylint: disable=cell-var-from-loop
-              sampler, reward, part, s, seed=c.seed * 7919 + it),
+              sampler, reward, part, s,
+              seed=distributed.mix_seed(c.seed, "stage2", it)),
           batch_units, to_text=str, from_text=str, what="stage 2 samples"))
       batch = stage2.rl_batch(batch_units, actions, rewards, s,
                               mini_batch_size=tc.mini_batch_size or 1)
