@@ -90,7 +90,8 @@ def run_warmstart(c, workdir):
                               c.data.get("data_dir") or None, w.tasks)
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
                                cache_dir=str(pathlib.Path(workdir) /
-                                             "search_index"))
+                                             "search_index"),
+                               corpora=datasets.CORPORA)
   return warmstart.run(c, workdir, _without_eval_questions(c, tasks), tools)
 
 
@@ -99,7 +100,8 @@ def run_stage1(c, workdir):
   tasks = _tasks(c, "train")
   policy = loading.load_policy(_base(c, workdir), seed=c.seed)
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
-                               cache_dir=str(work / "search_index"))
+                               cache_dir=str(work / "search_index"),
+                               corpora=datasets.CORPORA)
   s = c.stage1
   loop = _rollout_loop(c, policy, tools, dict(
       fmt="swirl", max_turns=s.max_turns, max_new_tokens=s.max_new_tokens,
@@ -332,7 +334,8 @@ def run_eval(c, workdir):
   if c.eval.get("search_corpus"):  # Held-out questions, their own corpus.
     tools_cfg.search_corpus = c.eval.search_corpus
   tools = registry.from_config(tools_cfg, c.data.get("data_dir") or None,
-                               cache_dir=str(work / "search_index"))
+                               cache_dir=str(work / "search_index"),
+                               corpora=datasets.CORPORA)
   results, trajs = {}, {}
   judge = None
   for name in c.eval.policies:
