@@ -25,7 +25,7 @@ from swirl_jax import distributed, warmstart
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import turns
-from swirl_jax.rollout.records import Trajectory, write_jsonl
+from swirl_jax.rollout.records import write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import grpo
 from swirl_jax.simpletir import oversample
@@ -55,7 +55,7 @@ def split_grad_norms(probe, params, trajs, rows, adv, groups, *,
   out = {}
   void_rows, void_adv = grpo.void_rows(trajs, groups)
   for name, r, a in (("void", void_rows, void_adv), ("kept", rows, adv)):
-    if len(r):
+    if distributed.gather(np.int64([len(r)])).sum():  # Rows on any host.
       b = grpo.make_batch(trajs, r, a, mini_batch_size=1, max_len=max_len)
       out[f"grad_norm_{name}"] = probe.grad_norm(params, b)
   return out
@@ -121,18 +121,19 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
         trajs = oversample.rollout(rollout, batch_tasks, groups,
                                    c.prompts_per_step)
         checkers.score_trajectories(trajs, batch_tasks)
-      else:  # Each host its share of the pairs; all get all. (Every drawn
-        # group runs: stopping at completed groups would need the hosts to
-        # agree on each group as it ends.)
-        trajs = distributed.run_shared(
-            lambda pairs: _scored(rollout.run_pairs(pairs), pairs),
-            [(t, k) for t in batch_tasks for k in range(groups.group_size)],
-            to_text=Trajectory.to_json, from_text=Trajectory.from_json)
-      with distributed.one_writer(f"iteration {it} rollouts") as writing:
-        if writing:
-          write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
+      else:  # Each host rolls out its block of the pairs and keeps it.
+        # (Every drawn group runs: stopping at completed groups would need
+        # the hosts to agree on each group as it ends.)
+        pairs = [(t, k) for t in batch_tasks
+                 for k in range(groups.group_size)]
+        pairs = pairs[distributed.host_block(len(pairs))]
+        trajs = _scored(rollout.run_pairs(pairs), pairs)
+      path = str(work / "rollouts" / f"iter_{it:06d}.jsonl")
+      distributed.take_turns(lambda: write_jsonl(path, trajs),  # pylint: disable=cell-var-from-loop
+                             f"iteration {it} rollouts")
       rows, adv, stats = grpo.select_rows(trajs, groups)
-      batch = None if not len(rows) else grpo.make_batch(trajs, rows, adv,
+      n = int(stats["rows_in_loss"])  # Every host's.
+      batch = None if not n else grpo.make_batch(trajs, rows, adv,
                               mini_batch_size=c.train.mini_batch_size or 1,
                               max_len=c.get("max_seq_len") or None)
       stats["iteration"] = float(it)
@@ -140,14 +141,14 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
       if grad_every and it % grad_every == 0:
         stats.update(split_grad_norms(probe, params, trajs, rows, adv, groups,
                                       max_len=c.get("max_seq_len") or None))
-      if len(rows) and mismatch:
+      if n and mismatch:
         stats.update(probe.mismatch(params, batch))
-      if len(rows):
+      if n:
         trainer.update(batch, extra=stats)
       else:  # Every group filtered out: nothing to learn from.
         trainer.skip(stats)
       logging.info("iteration %d: reward %.3f void %.3f rows %d", it,
-                   stats["reward"], stats["void_rate"], len(rows))
+                   stats["reward"], stats["void_rate"], n)
     ok = True
   finally:
     trainer.close(save=ok)
