@@ -12,32 +12,15 @@ import collections
 import time
 
 from swirl_jax.rollout import turns
-from swirl_jax.tools import parsing
 
 
-class LockStep:
+class LockStep(turns.Schedule):
   """`RolloutEngine`'s records (same hooks and metrics), lock-step."""
 
   def __init__(self, sampler, tokenizer, tools, config: turns.RolloutConfig,
                append_tokens: int = 64):
-    self.sampler, self.tokenizer, self.config = sampler, tokenizer, config
-    self.toolset = turns.ToolSet(tools)
-    self.stops = tuple(parsing.stop_strings(config.fmt))
-    self.observe = turns.observer(tokenizer, config.fmt)
-    self.append_tokens = append_tokens
-    self.metrics: dict[str, float] = {}
-
-  def turn_budget(self, traj, turn_no: int) -> int:
-    del traj, turn_no
-    return self.config.max_new_tokens
-
-  def parse(self, traj, text: str) -> parsing.ParsedTurn:
-    del traj
-    return parsing.parse_turn(text, self.config.fmt)
-
-  def run(self, tasks, samples_per_task: int = 1, sample_offset: int = 0):
-    return self.run_pairs([(task, sample_offset + k) for task in tasks
-                           for k in range(samples_per_task)])
+    super().__init__(tokenizer, tools, config)
+    self.sampler, self.append_tokens = sampler, append_tokens
 
   def run_pairs(self, pairs):
     c = self.config

@@ -33,7 +33,6 @@ import time
 
 from swirl_jax import config_lib
 from swirl_jax.rollout import turns
-from swirl_jax.tools import parsing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +47,7 @@ class EngineConfig(config_lib.FromConfig):
   precompile: bool = False
 
 
-class RolloutEngine:
+class RolloutEngine(turns.Schedule):
   """Trajectories of (task, sample) pairs, with a sampler, a tokenizer
   and tools.
 
@@ -57,8 +56,7 @@ class RolloutEngine:
   `slots` and `decode_batch` are then each group's) or a scripted
   sampler's script. `metrics` describe the last rollout (see
   `turns.rollout_metrics`; also `idle_s`, time with nothing to decode
-  while tools ran). `turn_budget` and `parse` are the hooks a benchmark
-  replays recorded turns through.
+  while tools ran).
   """
 
   def __init__(self, sampler, tokenizer, tools, config: turns.RolloutConfig,
@@ -66,32 +64,15 @@ class RolloutEngine:
     if not 0 < engine.decode_batch <= engine.slots:
       raise ValueError(f"decode_batch {engine.decode_batch} must be in "
                        f"1..slots ({engine.slots})")
-    self.tokenizer, self.config, self.engine = tokenizer, config, engine
-    self.toolset = turns.ToolSet(tools)
-    self.stops = tuple(parsing.stop_strings(config.fmt))
-    self.observe = turns.observer(tokenizer, config.fmt)
+    super().__init__(tokenizer, tools, config)
+    self.engine = engine
     self.device = sampler.device(engine.decode_batch, engine.chunk_steps,
                                  engine.append_tokens)
-    self.metrics: dict[str, float] = {}  # Of the last rollout.
 
   @property
   def shapes(self) -> collections.Counter:
     """Program calls of the last rollout by shape (`Device.shapes`)."""
     return self.device.shapes
-
-  def turn_budget(self, traj, turn_no: int) -> int:
-    """New tokens allowed in turn `turn_no` of `traj`."""
-    del traj, turn_no
-    return self.config.max_new_tokens
-
-  def parse(self, traj, text: str) -> parsing.ParsedTurn:
-    del traj
-    return parsing.parse_turn(text, self.config.fmt)
-
-  def run(self, tasks, samples_per_task: int = 1, sample_offset: int = 0):
-    """Rollouts of every (task, sample); sample indices start at offset."""
-    return self.run_pairs([(task, sample_offset + k) for task in tasks
-                           for k in range(samples_per_task)])
 
   def run_pairs(self, pairs, stop_admitting=None):
     """One trajectory per (task, sample index), in the order of `pairs`.

@@ -234,6 +234,39 @@ def observer(tokenizer, fmt: str) -> Observe:
   return observe
 
 
+class Schedule:
+  """What a schedule of rows shares (the engine's; the tests' lock-step
+  oracle's): config, tools, stop strings, observations, and the hooks a
+  benchmark replays recorded turns through (`scripted.replaying`)."""
+
+  def __init__(self, tokenizer, tools: dict[str, BatchTool],
+               config: RolloutConfig):
+    self.tokenizer, self.config = tokenizer, config
+    self.toolset = ToolSet(tools)
+    self.stops = tuple(parsing.stop_strings(config.fmt))
+    self.observe = observer(tokenizer, config.fmt)
+    self.metrics: dict[str, float] = {}  # Of the last rollout.
+
+  def turn_budget(self, traj: Trajectory, turn_no: int) -> int:
+    """New tokens allowed in turn `turn_no` of `traj`."""
+    del traj, turn_no
+    return self.config.max_new_tokens
+
+  def parse(self, traj: Trajectory, text: str) -> parsing.ParsedTurn:
+    del traj
+    return parsing.parse_turn(text, self.config.fmt)
+
+  def run(self, tasks: Sequence[Task], samples_per_task: int = 1,
+          sample_offset: int = 0) -> list[Trajectory]:
+    """Rollouts of every (task, sample); sample indices start at offset."""
+    return self.run_pairs([(task, sample_offset + k) for task in tasks
+                           for k in range(samples_per_task)])
+
+  def run_pairs(self, pairs: Sequence[tuple[Task, int]]
+                ) -> list[Trajectory]:
+    raise NotImplementedError
+
+
 def rollout_metrics(rows: Sequence[Row], stats, t0: float
                     ) -> dict[str, float]:
   """Wall time, kept tokens / slot-steps, tool wait and the longest row's
