@@ -8,8 +8,8 @@ that, on top of `jax.distributed` and one all-gather (`_allgather`):
 - `host_share(pairs, seed)`, `host_block(n)`: this host's (task, sample)
   pairs, each with a seed from the run seed and the pair only
   (`mix_seed`), so results do not depend on the host count;
-  `run_shared(fn, items)` runs a host's block and gives every host all
-  results (`gather_texts`).
+  `run_local(fn, items)` runs a host's block and keeps its results;
+  `run_shared(fn, items)` gives every host all results (`gather_texts`).
 - `global_batch(local, sharding)` (each host its rows) and
   `place_rows(full, sharding)` (each host the same whole batch): one global
   array per field, after a cross-host check of names, shapes and dtypes
@@ -406,6 +406,18 @@ def _take_rows(x, index, out_sharding):
       jnp.take(x, index, axis=0, mode="fill", fill_value=0), out_sharding)
 
 
+def gather_rows(x: np.ndarray) -> np.ndarray:
+  """Every host's rows of a small array (any count each), end to end by
+  host."""
+  x = np.asarray(x)
+  counts = np.reshape(gather(np.int64([len(x)])), -1)
+  most = int(counts.max())
+  rows = np.reshape(gather(np.concatenate(
+      [x, np.zeros((most - len(x),) + x.shape[1:], x.dtype)])),
+                    (len(counts), most) + x.shape[1:])
+  return np.concatenate([r[:n] for r, n in zip(rows, counts)])
+
+
 def mean_over_hosts(metrics: Mapping[str, float],
                     mins: Sequence[str] = ()) -> dict[str, float]:
   """Each host's metrics of its own rows as one: a key's mean over the
@@ -503,6 +515,24 @@ def gather_texts(texts: Sequence[str], what: str = "records",
   rows = _allgather(buf)
   return [t for row, n in zip(rows, sizes)
           for t in json.loads(bytes(row[:n]).decode())]
+
+
+def run_local(fn: Callable[[Sequence[Any]], Sequence[Any]],
+              items: Sequence[Any], what: str = "work") -> list:
+  """`fn` on this host's `host_block` of `items` (uneven allowed): its
+  results, once every host is done. A host whose `fn` raised raises that;
+  the others a RuntimeError naming it. One process: `fn(items)`."""
+  block, error, out = items[host_block(len(items), even=False)], None, []
+  try:
+    out = list(fn(block)) if len(block) else []
+  except Exception as e:  # pylint: disable=broad-except
+    error = e  # Reported below, so no host waits for this one.
+  bad = _any_failed(error is not None)
+  if error is not None:
+    raise error
+  if bad:
+    raise RuntimeError(f"{what}: host {bad[0]} failed")
+  return out
 
 
 def run_shared(fn: Callable[[Sequence[Any]], Sequence[Any]],
