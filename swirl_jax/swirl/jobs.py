@@ -276,18 +276,20 @@ def _rl(c, workdir):
       if it >= c.rl_iterations:
         break
       sampler.params = trainer.sampling_params()
-      actions, rewards = stage2.unpack(distributed.run_shared(
-          lambda part: stage2.sample_and_score(  # pylint: disable=cell-var-from-loop
-              sampler, reward, part, s,
-              seed=distributed.mix_seed(c.seed, "stage2", it)),
-          batch_units, to_text=str, from_text=str, what="stage 2 samples"))
-      batch = stage2.rl_batch(batch_units, actions, rewards, s,
+      # Each host samples and scores its share of the states, and keeps
+      # them: the batch is built from every host's rows.
+      part = batch_units[distributed.host_block(len(batch_units),
+                                                even=False)]
+      actions, rewards = stage2.sample_and_score(
+          sampler, reward, part, s,
+          seed=distributed.mix_seed(c.seed, "stage2", it))
+      batch = stage2.rl_batch(part, actions, rewards, s,
                               mini_batch_size=tc.mini_batch_size or 1)
       if ref_fn is not None:
-        batch["ref_logprobs"] = distributed.to_host(ref_fn(ref_params,
-                                                           batch))
+        batch["ref_logprobs"] = ref_fn(ref_params, batch)
       trainer.update(batch, extra=dict(
-          stage2.reward_stats(rewards), iteration=float(it),
+          stage2.reward_stats(distributed.gather_rows(rewards)),
+          iteration=float(it),
           **probe.mismatch(trainer.policy_params(), batch)))
     ok = True
   finally:
