@@ -282,7 +282,7 @@ for temperature in (0.0, 1.0):
     out[f"mesh_{name}"] = dict(m.shape)
     dev = eng.device
     if name == "dp":
-      out["groups"] = [sorted(d.id for d in g.mesh.devices.flat)
+      out["groups"] = [sorted(d.id for d in g.layout.mesh.devices.flat)
                        for g in dev.groups]
       out["group_programs"] = [sum(g.shapes.values()) > 0
                                for g in dev.groups]
