@@ -11,6 +11,7 @@ from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import prompts
 from swirl_jax.rollout import turns
 from swirl_jax.rollout.scripted import ScriptedSampler
+from swirl_jax.sampling.device import Device
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks import synthetic
@@ -41,6 +42,7 @@ def test_scripted_swirl_with_calculator(tokenizer, calc_tools):
   tasks = synthetic.arithmetic_tasks(3, seed=1)
   refs = [synthetic.reference_turns(t) for t in tasks]
   sampler = ScriptedSampler(tokenizer, lambda r, k: refs[r][k]["action"])
+  assert isinstance(sampler.device(4, 8), Device)
   loop = engine_lib.RolloutEngine(sampler, tokenizer, calc_tools,
                                   turns.RolloutConfig(fmt="swirl",
                                                       max_turns=10))

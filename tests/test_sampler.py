@@ -28,7 +28,7 @@ from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, hf_io
 from swirl_jax.training import lora
 from swirl_jax.sampling import distribution, stops
-from swirl_jax.sampling.device import Draw, SlotRow
+from swirl_jax.sampling.device import Device, Draw, SlotRow
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -169,6 +169,7 @@ def test_append_after_a_stop_continues_like_prefilling_everything(qwen):
 
 def test_cache_rows_end_at_the_last_returned_token(qwen):
   s = qwen["sampler"]
+  assert isinstance(s.device(4, 16, 32), Device)
   prompts = _prompts([4, 9], seed=3)
   dev = s.device(4, 16, 32)
   dev.open(2, 2)

@@ -8,8 +8,10 @@ engine drive one. Anything with a `device(...)` method (`Maker`: the
 `Sampler`, the scripted sampler) gives the engine its device.
 """
 
+import collections
 import dataclasses
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import (Any, Callable, NamedTuple, Protocol, Sequence,
+                    runtime_checkable)
 
 
 class Row(Protocol):
@@ -63,10 +65,12 @@ class Lowerable(NamedTuple):
       return self.fn.lower(*self.args, **self.kwargs)
 
 
+@runtime_checkable
 class Device(Protocol):
   """Cache rows and the programs that fill and decode them."""
   limit: int  # Context tokens a row holds.
   decode_batch: int  # Rows one decode call takes at most.
+  shapes: collections.Counter  # Program calls since `open`, by shape.
 
   def open(self, num_rows: int, max_slots: int) -> int:
     """Allocates a cache for a run of `num_rows` rows; returns its rows

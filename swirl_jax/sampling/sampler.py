@@ -18,6 +18,7 @@ import dataclasses
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from swirl_jax import config_lib
@@ -189,7 +190,7 @@ class Sampler:
       q = bucket(t.shape[0], self.config.stop_state_buckets)
       t = np.pad(t, ((0, q - t.shape[0]), (0, 0)))
       dtype = np.int16 if q < 2 ** 15 else np.int32
-      self._stop_tables[stop_strings] = jax.numpy.asarray(t.astype(dtype))
+      self._stop_tables[stop_strings] = jnp.asarray(t.astype(dtype))
     return self._stop_tables[stop_strings]
 
   def detokenize(self, tokens: Sequence[int], reason: str,
