@@ -34,7 +34,7 @@ raising and the others waiting in a collective. Every function here that
 exchanges data is a collective: call it on every host, in the same order.
 With one process they all reduce to the plain local operation.
 
-One module (~620 lines) on purpose: the checks, exchanges and writers share
+One module (~670 lines) on purpose: the checks, exchanges and writers share
 the one rule above (every host runs the same collectives in the same
 order), which is easier to keep when it is read in one place.
 """
