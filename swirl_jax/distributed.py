@@ -522,9 +522,16 @@ def run_local(fn: Callable[[Sequence[Any]], Sequence[Any]],
   """`fn` on this host's `host_block` of `items` (uneven allowed): its
   results, once every host is done. A host whose `fn` raised raises that;
   the others a RuntimeError naming it. One process: `fn(items)`."""
-  block, error, out = items[host_block(len(items), even=False)], None, []
+  block = items[host_block(len(items), even=False)]
+  return _then_wait(lambda: list(fn(block)) if len(block) else [], what)
+
+
+def _then_wait(fn: Callable[[], Any], what: str) -> Any:
+  """`fn()`, then wait for every host's: a host whose `fn` raised raises
+  that, the others a RuntimeError naming it (none waits forever)."""
+  out, error = None, None
   try:
-    out = list(fn(block)) if len(block) else []
+    out = fn()
   except Exception as e:  # pylint: disable=broad-except
     error = e  # Reported below, so no host waits for this one.
   bad = _any_failed(error is not None)
@@ -615,17 +622,7 @@ def take_turns(fn: Callable[[], Any], what: str) -> None:
   them in host order (as one process would write them), once each. If a
   host's `fn` raised, it raises that and the others a RuntimeError."""
   for host in range(jax.process_count()):
-    error = None
-    if host == jax.process_index():
-      try:
-        fn()
-      except Exception as e:  # pylint: disable=broad-except
-        error = e  # Reported below, so no host waits for this one.
-    bad = _any_failed(error is not None)
-    if error is not None:
-      raise error
-    if bad:
-      raise RuntimeError(f"{what}: host {bad[0]} failed while writing")
+    _then_wait(fn if host == jax.process_index() else lambda: None, what)
 
 
 # -------------------------------------------------------- shared workdirs.
