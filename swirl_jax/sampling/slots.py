@@ -157,8 +157,9 @@ def _draw_arrays(draws, n: int):
   """Per-row draw arrays, padded to `n` rows (padding: greedy, seed 0)."""
   pad = list(draws) + [Draw(0)] * (n - len(draws))
   col = lambda i, dt: np.asarray([d[i] for d in pad], dt)
-  return (col(0, np.uint32), col(4, np.uint32), col(1, np.float32),
-          col(2, np.int32), col(3, np.float32))
+  key = lambda i: col(i, np.int64).astype(np.uint32)  # Any int wraps.
+  return (key(0), key(4), col(1, np.float32), col(2, np.int32),
+          col(3, np.float32))
 
 
 class SlotDevice:
