@@ -6,10 +6,11 @@ SCENARIO: simpletir (GRPO iterations with scripted turns through the real
 sandbox; its one stage is 'train') or swirl (the pipeline: stage1, filter,
 rl, eval). Kill points are the calls, in order, of the functions that make a
 run's state: `jsonl.append` and `jsonl.write_bytes` (every record and file
-written) and `distributed.run_shared` (every batch of rollouts, samples or
-evaluation), counted from the start of each stage. At the K-th point of
-STAGE the process sends itself SIGKILL: MODE 'before' the call, 'after' it,
-or 'torn' (half the bytes of an append written, then killed). A run that
+written) and `distributed.run_shared` / `run_local` (every batch of
+rollouts, samples or evaluation), counted from the start of each stage. At
+the K-th point of STAGE the process sends itself SIGKILL: MODE 'before' the
+call, 'after' it, or 'torn' (half the bytes of an append written, then
+killed). A run that
 ends prints, as its last line, the JSON of each stage's kill points.
 """
 
@@ -130,7 +131,9 @@ def run_simpletir(workdir):
 
   def run_pairs(self, pairs, **kw):
     answers["gold"] = [t.answer for t, _ in pairs[::4]]
-    answers["it"] = self.config.seed - c.seed * 100003  # The iteration.
+    answers["it"] = next(i for i in range(c.num_iterations)  # The iteration.
+                         if self.config.seed == distributed.mix_seed(
+                             c.seed, "rollout", i))
     return real(self, pairs, **kw)
 
   engine.run_pairs = run_pairs
@@ -144,7 +147,8 @@ def main(argv):
     stage, at, mode = argv[3].split(":")
     _kill.update(stage=stage, at=int(at), mode=mode)
   for module, name in ((jsonl, "append"), (jsonl, "write_bytes"),
-                       (distributed, "run_shared")):
+                       (distributed, "run_shared"),
+                       (distributed, "run_local")):
     _hook(module, name)
   if scenario == "simpletir":
     run_simpletir(workdir)

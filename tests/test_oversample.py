@@ -5,7 +5,7 @@ import pytest
 
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.simpletir import grpo, oversample
 from swirl_jax.tasks import checkers
@@ -29,7 +29,7 @@ def _engine(tok, tasks, slots):
     return f"<answer>{answer}</answer>"
   return engine_lib.RolloutEngine(
       ScriptedSampler(tok, script), tok, registry.build_tools(("calculator",)),
-      loop_lib.RolloutConfig(fmt="swirl", max_turns=2),
+      turns.RolloutConfig(fmt="swirl", max_turns=2),
       engine_lib.EngineConfig(slots=slots, decode_batch=slots))
 
 

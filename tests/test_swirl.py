@@ -11,7 +11,7 @@ import pytest
 from swirl_jax.models import decoder, loading
 from swirl_jax import config_lib
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.rollout.records import StepUnit, Trajectory, read_jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
@@ -50,7 +50,7 @@ def test_stage1_resume_has_each_pair_once(tmp_path, tokenizer):
 
   out = str(tmp_path / "stage1")
   tools = registry.build_tools(("calculator",))
-  cfg = loop_lib.RolloutConfig(fmt="swirl", max_turns=3)
+  cfg = turns.RolloutConfig(fmt="swirl", max_turns=3)
   kill = True
   loop = Loop(ScriptedSampler(tokenizer, script), tokenizer, tools, cfg)
   with pytest.raises(_Killed):
@@ -102,7 +102,7 @@ def test_stage2_samples_do_not_depend_on_the_batch_split():
   """What makes stage 2's split over hosts and generate calls exact: a
   state's G sampled actions and rewards are the same (log-probs to
   rounding) whether it is sampled with the whole step's states or with
-  part of them, and survive the text the hosts exchange."""
+  part of them."""
   from swirl_jax.models import presets  # pylint: disable=g-import-not-at-top
   from swirl_jax.sampling.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
   cfg = presets.get_preset("tiny")
@@ -111,10 +111,13 @@ def test_stage2_samples_do_not_depend_on_the_batch_split():
   sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=64))
   c = stage2.Stage2Config(samples_per_state=3, max_new_tokens=6)
   units = _units(4)
-  whole = stage2.sample_and_score(sampler, _LengthJudge(), units, c, seed=5)
-  parts = [t for part in (units[:1], units[1:]) for t in
-           stage2.sample_and_score(sampler, _LengthJudge(), part, c, seed=5)]
-  (a1, r1), (a2, r2) = stage2.unpack(whole), stage2.unpack(parts)
+  a1, r1 = stage2.sample_and_score(sampler, _LengthJudge(), units, c,
+                                    seed=5)
+  parts = [stage2.sample_and_score(sampler, _LengthJudge(), part, c, seed=5)
+           for part in (units[:1], units[1:])]
+  a2 = stage2.Actions(*(sum((getattr(a, f) for a, _ in parts), [])
+                        for f in ("ids", "logprobs", "texts")))
+  r2 = np.concatenate([r for _, r in parts])
   assert (a1.ids, a1.texts) == (a2.ids, a2.texts)
   np.testing.assert_array_equal(r1, r2)
   # Log-probs only to float rounding: a batch of other rows' shape is
@@ -128,8 +131,8 @@ def test_stage2_samples_do_not_depend_on_the_batch_split():
   assert acts.ids == [list(map(int, i)) for i in direct.ids]
   for got, want in zip(acts.logprobs, direct.logprobs):
     np.testing.assert_array_equal(got, np.asarray(want, np.float32))
-  other = stage2.unpack(stage2.sample_and_score(
-      sampler, _LengthJudge(), units, c, seed=6))[0]
+  other = stage2.sample_and_score(sampler, _LengthJudge(), units, c,
+                                  seed=6)[0]
   assert other.ids != acts.ids  # The step's seed matters.
   # In generate calls of at most 5 rows (12 rows: 5 + 5 + 2): the same.
   small = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=64,

@@ -13,7 +13,7 @@ import numpy as np
 
 from swirl_jax import jsonl
 from swirl_jax.rollout import decompose
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks.records import Task
@@ -33,7 +33,7 @@ def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task],
              f1=float(np.mean([s["f1"] for s in scores])),
              answered=float(np.mean([t.final_answer is not None
                                      for t in trajs])),
-             **loop_lib.response_stats(trajs))
+             **turns.response_stats(trajs))
   if judge is not None:
     units = decompose.decompose_all(trajs)
     labels = judge.label([u.state_text for u in units],

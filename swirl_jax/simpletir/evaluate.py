@@ -33,7 +33,7 @@ from swirl_jax import distributed, errors, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import checkers
@@ -90,11 +90,11 @@ def policy(c, workdir) -> tuple[str, ml_collections.ConfigDict]:
   return label or "policy", _from_dir(c, path)
 
 
-def rollout_config(c, block) -> loop_lib.RolloutConfig:
+def rollout_config(c, block) -> turns.RolloutConfig:
   """The training rollout with an eval/validation block's sampling."""
   rc = dict(c.rollout, seed=c.seed)
   rc.update({k: block[k] for k in _ROLLOUT_KEYS})
-  return loop_lib.RolloutConfig.from_config(rc)
+  return turns.RolloutConfig.from_config(rc)
 
 
 def check_specs(specs) -> None:
@@ -124,7 +124,7 @@ def evaluate(engine, specs, *, k: int, data_dir: str | None,
         to_text=Trajectory.to_json, from_text=Trajectory.from_json,
         what=f"eval {spec}")
     results[spec] = {**agent_eval.pass_at_k(ts, k),
-                     **loop_lib.response_stats(ts),
+                     **turns.response_stats(ts),
                      "token_logp": token_logp(ts), "n": float(len(tasks))}
     trajs[spec.replace(":", "_")] = ts
     logging.info("%s: %s", spec, results[spec])

@@ -65,19 +65,23 @@ def passes(rewards, group_size: int, groups_config) -> bool:
   return bool(keep.all())
 
 
-def keep_passing(trajs, groups_config, want: int):
-  """Scored complete groups (G rows each, in order) without the passing
-  groups after the first `want`: an iteration trains on `want` prompts."""
+def surplus(rewards, groups_config, want: int) -> np.ndarray:
+  """Row flags of the passing groups after the first `want` (rows in
+  groups of G, in order): an iteration trains on `want` prompts."""
   G = groups_config.group_size
-  out, kept = [], 0
-  for i in range(0, len(trajs), G):
-    group = trajs[i:i + G]
-    if passes([t.reward or 0.0 for t in group], G, groups_config):
+  out, kept = np.zeros(len(rewards), bool), 0
+  for i in range(0, len(rewards), G):
+    if passes(rewards[i:i + G], G, groups_config):
       kept += 1
-      if kept > want:
-        continue
-    out.extend(group)
+      out[i:i + G] = kept > want
   return out
+
+
+def keep_passing(trajs, groups_config, want: int):
+  """Scored complete groups (G rows each, in order) without the `surplus`
+  ones."""
+  drop = surplus([t.reward or 0.0 for t in trajs], groups_config, want)
+  return [t for t, d in zip(trajs, drop) if not d]
 
 
 def complete_groups(trajs, group_size: int):

@@ -32,8 +32,8 @@ from absl import logging
 
 from swirl_jax import config_lib, distributed, warmstart
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
-from swirl_jax.rollout.records import Trajectory, write_jsonl
+from swirl_jax.rollout import turns
+from swirl_jax.rollout.records import write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import evaluate
 from swirl_jax.simpletir import grpo
@@ -69,7 +69,7 @@ def split_grad_norms(probe, params, trajs, rows, adv, groups, *,
   out = {}
   void_rows, void_adv = grpo.void_rows(trajs, groups)
   for name, r, a in (("void", void_rows, void_adv), ("kept", rows, adv)):
-    if len(r):
+    if distributed.gather(np.int64([len(r)])).sum():  # Rows on any host.
       b = grpo.make_batch(trajs, r, a, mini_batch_size=1, max_len=max_len)
       out[f"grad_norm_{name}"] = probe.grad_norm(params, b)
   return out
@@ -113,13 +113,13 @@ def _forward_rows(trainer, batch) -> int:
   return max(1, mb // trainer.step_fn.micro_batches(mb, t))
 
 
-def validate(c, trainer, rollout, tok, it: int) -> dict[str, float]:
+def validate(c, trainer, rollout, sampler, tok, it: int) -> dict[str, float]:
   """The code's validation: `config.validation` over the current policy,
   avg@k / pass@k logged as `val_<set>_avg@k` at the trainer's step (with
   `val_iteration`: the policy after `it` iterations); the policy exported
   to <workdir>/hf when it has trained but is not the final one."""
   v, saved = c.validation, rollout.config
-  rollout.sampler.params = trainer.sampling_params()
+  sampler.params = trainer.sampling_params()
   rollout.config = evaluate.rollout_config(c, v)
   try:
     results, _ = evaluate.evaluate(rollout, v.datasets, k=v.k,
@@ -139,18 +139,28 @@ def validate(c, trainer, rollout, tok, it: int) -> dict[str, float]:
 
 
 def _rollouts(c, rollout, batch_tasks, groups):
-  """The iteration's scored groups: at most `prompts_per_step` passing
-  ones (oversample.keep_passing), on any host count."""
+  """This host's scored trajectories of the iteration. One host: at most
+  `prompts_per_step` passing groups (oversample.keep_passing). Several:
+  each host rolls out its block of every drawn group's pairs and keeps it
+  (stopping at completed groups would need the hosts to agree on each
+  group as it ends); `grpo.select_rows(want=)` keeps the surplus passing
+  groups out of the loss."""
   if jax.process_count() == 1:  # Groups scored as they complete.
     trajs = oversample.rollout(rollout, batch_tasks, groups,
                                c.prompts_per_step)
     checkers.score_trajectories(trajs, batch_tasks)
-  else:  # Each host its share of the pairs; all get all.
-    trajs = distributed.run_shared(
-        lambda pairs: _scored(rollout.run_pairs(pairs), pairs),
-        [(t, k) for t in batch_tasks for k in range(groups.group_size)],
-        to_text=Trajectory.to_json, from_text=Trajectory.from_json)
-  return oversample.keep_passing(trajs, groups, c.prompts_per_step)
+    return oversample.keep_passing(trajs, groups, c.prompts_per_step)
+  pairs = [(t, k) for t in batch_tasks for k in range(groups.group_size)]
+  pairs = pairs[distributed.host_block(len(pairs))]
+  return _scored(rollout.run_pairs(pairs), pairs)
+
+
+def _placed_as(x: np.ndarray, ref):
+  """`x` (whole on every host) placed as the global array `ref` is."""
+  if isinstance(ref, jax.Array) and not ref.is_fully_addressable:
+    return jax.make_array_from_callback(x.shape, ref.sharding,
+                                        lambda index: x[index])
+  return x
 
 
 def run(config, workdir: str, *, make_sampler=None) -> None:
@@ -159,7 +169,7 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   c = resolve(config)
   work = pathlib.Path(workdir)
   # Bad rollout or group settings fail here, before any data or model work.
-  rollout_cfg = loop_lib.RolloutConfig.from_config(c.rollout)
+  rollout_cfg = turns.RolloutConfig.from_config(c.rollout)
   engine_cfg = engine_lib.EngineConfig.from_config(c.engine)
   groups = grpo.GroupConfig.from_config(c.grpo)
   if c.validation.every:
@@ -196,22 +206,26 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
       if it >= c.num_iterations:
         break
       if every and it % every == 0:
-        validate(c, trainer, rollout, tok, it)
+        validate(c, trainer, rollout, sampler, tok, it)
       sampler.params = trainer.sampling_params()
-      rollout.config = loop_lib.RolloutConfig.from_config(
-          dict(c.rollout, seed=c.seed * 100003 + it))
+      rollout.config = turns.RolloutConfig.from_config(
+          dict(c.rollout, seed=distributed.mix_seed(c.seed, "rollout", it)))
       trajs = _rollouts(c, rollout, batch_tasks, groups)
-      with distributed.one_writer(f"iteration {it} rollouts") as writing:
-        if writing:
-          write_jsonl(str(work / "rollouts" / f"iter_{it:06d}.jsonl"), trajs)
-      rows, adv, stats = grpo.select_rows(trajs, groups)
+      path = str(work / "rollouts" / f"iter_{it:06d}.jsonl")
+      distributed.take_turns(lambda: write_jsonl(path, trajs),  # pylint: disable=cell-var-from-loop
+                             f"iteration {it} rollouts")
+      rows, adv, stats = grpo.select_rows(
+          trajs, groups, want=c.prompts_per_step
+          if jax.process_count() > 1 else 0)
+      n = int(stats["rows_in_loss"])  # Every host's.
       stats["iteration"] = float(it)
-      stats["groups_run"] = float(len(trajs) // groups.group_size)
+      stats["groups_run"] = float(distributed.gather(np.int64(
+          [len(trajs)])).sum() // groups.group_size)
       params = trainer.policy_params()  # The ones that sampled.
       if c.void_grad_every and it % c.void_grad_every == 0:
         stats.update(split_grad_norms(probe, params, trajs, rows, adv, groups,
                                       max_len=c.max_seq_len or None))
-      if not len(rows):  # Every group filtered out: nothing to learn from.
+      if not n:  # Every group filtered out: nothing to learn from.
         trainer.skip(stats)
         continue
       batch = grpo.make_batch(trajs, rows, adv,
@@ -222,12 +236,13 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
                                 _forward_rows(trainer, batch))
         stats.update(probe.mismatch(params, batch, logp))
         if recompute:
-          batch["old_logprobs"] = logp
+          batch["old_logprobs"] = _placed_as(logp, batch["tokens"])
       trainer.update(batch, extra=stats)
       logging.info("iteration %d: reward %.3f void %.3f rows %d", it,
-                   stats["reward"], stats["void_rate"], len(rows))
+                   stats["reward"], stats["void_rate"], n)
     if every and trainer.data_pos >= c.num_iterations:
-      validate(c, trainer, rollout, tok, c.num_iterations)
+      validate(c, trainer, rollout, sampler, tok,
+               c.num_iterations)
     ok = True
   finally:
     trainer.close(save=ok)

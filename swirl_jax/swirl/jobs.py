@@ -26,7 +26,7 @@ from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import (StepUnit, Trajectory, read_jsonl,
                                        write_jsonl)
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
@@ -73,7 +73,7 @@ def _rollout_loop(c, policy, tools, rc) -> engine_lib.RolloutEngine:
   cfg, params, tok = policy
   sampler = Sampler(params, cfg, tok, SamplerConfig.from_config(c.sampler))
   return engine_lib.RolloutEngine(
-      sampler, tok, tools, loop_lib.RolloutConfig.from_config(rc),
+      sampler, tok, tools, turns.RolloutConfig.from_config(rc),
       engine_lib.EngineConfig.from_config(c.get("engine") or {}))
 
 
@@ -90,7 +90,8 @@ def run_warmstart(c, workdir):
                               c.data.get("data_dir") or None, w.tasks)
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
                                cache_dir=str(pathlib.Path(workdir) /
-                                             "search_index"))
+                                             "search_index"),
+                               corpora=datasets.CORPORA)
   return warmstart.run(c, workdir, _without_eval_questions(c, tasks), tools)
 
 
@@ -99,7 +100,8 @@ def run_stage1(c, workdir):
   tasks = _tasks(c, "train")
   # Tools before the policy: a missing corpus fails before any model loads.
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
-                               cache_dir=str(work / "search_index"))
+                               cache_dir=str(work / "search_index"),
+                               corpora=datasets.CORPORA)
   policy = loading.load_policy(_base(c, workdir), seed=c.seed)
   s = c.stage1
   loop = _rollout_loop(c, policy, tools, dict(
@@ -279,17 +281,20 @@ def _rl(c, workdir):
       if it >= c.rl_iterations:
         break
       sampler.params = trainer.sampling_params()
-      actions, rewards = stage2.unpack(distributed.run_shared(
-          lambda part: stage2.sample_and_score(  # pylint: disable=cell-var-from-loop
-              sampler, reward, part, s, seed=c.seed * 7919 + it),
-          batch_units, to_text=str, from_text=str, what="stage 2 samples"))
-      batch = stage2.rl_batch(batch_units, actions, rewards, s,
+      # Each host samples and scores its share of the states, and keeps
+      # them: the batch is built from every host's rows.
+      part = batch_units[distributed.host_block(len(batch_units),
+                                                even=False)]
+      actions, rewards = stage2.sample_and_score(
+          sampler, reward, part, s,
+          seed=distributed.mix_seed(c.seed, "stage2", it))
+      batch = stage2.rl_batch(part, actions, rewards, s,
                               mini_batch_size=tc.mini_batch_size or 1)
       if ref_fn is not None:
-        batch["ref_logprobs"] = distributed.to_host(ref_fn(ref_params,
-                                                           batch))
+        batch["ref_logprobs"] = ref_fn(ref_params, batch)
       trainer.update(batch, extra=dict(
-          stage2.reward_stats(rewards), iteration=float(it),
+          stage2.reward_stats(distributed.gather_rows(rewards)),
+          iteration=float(it),
           **probe.mismatch(trainer.policy_params(), batch)))
     ok = True
   finally:
@@ -358,7 +363,8 @@ def run_eval(c, workdir, show=True):
   if c.eval.get("search_corpus"):  # Held-out questions, their own corpus.
     tools_cfg.search_corpus = c.eval.search_corpus
   tools = registry.from_config(tools_cfg, c.data.get("data_dir") or None,
-                               cache_dir=str(work / "search_index"))
+                               cache_dir=str(work / "search_index"),
+                               corpora=datasets.CORPORA)
   results, trajs = {}, {}
   judge = outcome = None
   models = {}  # Every policy found before any is evaluated.

@@ -12,15 +12,16 @@ where JSON would hold lists and dicts; they are parsed with
 
 A missing file fails in one line that names the data job command fetching
 it (`paths.data_file`; `configs/data.py` downloads the files); a malformed
-one fails with `path:line: reason` (`swirl_jax.jsonl`). Importing this
-module registers the synthetic world's search corpora
-('synthetic_multihop:<split>') with the tool registry.
+one fails with `path:line: reason` (`swirl_jax.jsonl`). `CORPORA` holds
+the synthetic world's search corpora ('synthetic_multihop:<split>'), for
+the tool registry (`registry.from_config(..., corpora=CORPORA)`).
 """
 
 import ast
 import dataclasses
 import functools
 import pathlib
+import types
 from typing import Callable
 
 import pyarrow
@@ -31,7 +32,6 @@ from swirl_jax import jsonl
 from swirl_jax import paths
 from swirl_jax.tasks import records
 from swirl_jax.tasks import synthetic
-from swirl_jax.tools import registry
 
 Task = records.Task
 
@@ -39,9 +39,10 @@ Task = records.Task
 _FETCH = {"gsm8k": "gsm8k", "hotpotqa": "hotpotqa", "musique": "",
           "math": "math", "aime": "math", "amc23": "math"}
 
-for _split, _seed in synthetic.SPLIT_SEEDS.items():
-  registry.register_corpus(f"synthetic_multihop:{_split}", functools.partial(
-      synthetic.multihop_corpus, seed=_seed))
+CORPORA = types.MappingProxyType({
+    f"synthetic_multihop:{split}": functools.partial(
+        synthetic.multihop_corpus, seed=seed)
+    for split, seed in synthetic.SPLIT_SEEDS.items()})
 
 
 def _path(data_dir, rel, what, source):
