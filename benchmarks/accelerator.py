@@ -47,6 +47,7 @@ from swirl_jax import sharding as shd
 from swirl_jax.models import attention, decoder, presets
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import sampler as sampler_lib
+from swirl_jax.sampling.device import Draw, SlotRow
 from swirl_jax.training import optimizer
 from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
@@ -126,7 +127,8 @@ def decode_bytes(cfg: ModelConfig, b: int, prompt: int, new: int) -> float:
 
 
 def bench_decode(cfg: ModelConfig, args) -> dict:
-  """Seconds of `new_tokens` decode steps over `decode_batch` rows."""
+  """Seconds of `new_tokens` decode steps over `decode_batch` rows, on
+  the sampler's slot cache (its device, as the engine drives it)."""
   cfg = cfg.replace(param_dtype="bfloat16")
   params = decoder.init_params(cfg, jax.random.key(0))
   sampler = sampler_lib.Sampler(params, cfg, config=sampler_lib.SamplerConfig(
@@ -134,14 +136,21 @@ def bench_decode(cfg: ModelConfig, args) -> dict:
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, cfg.vocab_size,
                          (args.decode_batch, args.prompt_len)).tolist()
+  dev = sampler.device(args.decode_batch, args.new_tokens, args.prompt_len,
+                       limit=args.prompt_len + args.new_tokens)
   times = []
   for _ in range(1 + args.steps):  # The first call compiles.
-    state = sampler.start(prompts, room=args.new_tokens)
-    jax.block_until_ready(state.logits_BV)
+    dev.open(len(prompts), len(prompts))
+    rows = [SlotRow(i, p, args.new_tokens) for i, p in enumerate(prompts)]
+    dev.append(rows, fresh=True)
+    for r in rows:
+      r.length = len(r.obs)
+    dev.block()
     t = time.perf_counter()
-    out = sampler.generate(state=state, max_new_tokens=args.new_tokens)
+    out, _ = dev.decode(rows, [Draw(0)] * len(rows), ())
     times.append(time.perf_counter() - t)
-  n = sum(len(x) for x in out.tokens)
+    dev.close()
+  n = sum(len(t) for t, _, _ in out)
   if n != args.decode_batch * args.new_tokens:
     raise RuntimeError(f"decode wrote {n} tokens, expected "
                        f"{args.decode_batch * args.new_tokens}")

@@ -1,9 +1,10 @@
 r"""Rollout wall time: the lock-step loop against the engine, one workload.
 
-A SimpleTIR-shaped workload run through `loop.RolloutLoop` (every turn
-waits for its longest row, then for every tool call of the batch) and
-`engine.RolloutEngine` (continuous batching, tools beside decode), same
-model, tasks, seed and sandbox, in one run. The model is the SimpleTIR CPU
+A SimpleTIR-shaped workload run through the lock-step schedule of
+tests/lockstep.py (every turn waits for its longest row, then for every
+tool call of the batch) and `engine.RolloutEngine` (continuous batching,
+tools beside decode), same model, slot cache, programs' kernels, tasks,
+seed and sandbox, in one run. The model is the SimpleTIR CPU
 demo's "mini" policy shape (random weights, the bundled vocabulary); EOS
 and stop strings are off and each turn samples exactly its replayed length
 (per-row `max_new_tokens`), so decode costs what it costs at those lengths.
@@ -43,6 +44,7 @@ Prints a summary, then one JSON line.
 """
 
 import argparse
+import collections
 import json
 import os
 import pathlib
@@ -50,7 +52,8 @@ import resource
 import sys
 import zlib
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # The lock-step peer.
 
 # --split-cores pins this process (XLA's threads with it) to one core
 # before jax starts, and the sandboxes to the others.
@@ -66,13 +69,14 @@ import numpy as np
 from swirl_jax import config_lib
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.scripted import replaying
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import synthetic
 from swirl_jax.tools import parsing, registry
 
 import common  # pylint: disable=g-bad-import-order
+from lockstep import LockStep  # pylint: disable=g-bad-import-order
 
 MAX_TURNS, MAX_NEW, MAX_RESPONSE = 5, 48, 320  # The CPU demo's.
 SNIPPETS = (
@@ -155,14 +159,17 @@ def _load():
 
 
 class Compiles:
-  """Counts XLA compiles (any program, either side) as they happen."""
+  """Counts XLA compiles (any program, either side) as they happen, in
+  all (`n`) and by program (`by_name`)."""
 
   def __init__(self):
-    self.n = 0
+    self.n, self.by_name = 0, collections.Counter()
     jax.monitoring.register_event_duration_secs_listener(self._event)
 
-  def _event(self, name, _, **__):
-    self.n += name == "/jax/core/compile/backend_compile_duration"
+  def _event(self, name, _, fun_name="", **__):
+    if name == "/jax/core/compile/backend_compile_duration":
+      self.n += 1
+      self.by_name[fun_name] += 1
 
 
 def _cpu_s() -> float:
@@ -236,7 +243,7 @@ def main(argv=None):
                                                     eos_ids=()))
   tools = Recorded(registry.build_tools(("python",),
                                         sandbox_cpus=TOOL_CPUS))
-  rc = loop_lib.RolloutConfig(fmt="simpletir", max_turns=MAX_TURNS,
+  rc = turns.RolloutConfig(fmt="simpletir", max_turns=MAX_TURNS,
                               max_new_tokens=MAX_NEW,
                               max_response_tokens=MAX_RESPONSE,
                               temperature=a.temperature, seed=0)
@@ -247,17 +254,21 @@ def main(argv=None):
   if a.replay:
     lengths, act = replayed(a.replay, [f"{t.id}/{k}" for t in tasks
                                        for k in range(a.group)])
-  ref = replaying(loop_lib.RolloutLoop, lengths, act)(
+  ref = replaying(LockStep, lengths, act)(
       sampler, tok, tools.live(), rc)
   eng = replaying(engine_lib.RolloutEngine, lengths, act)(
       sampler, tok, tools.live(), rc, ec)
   ref.stops = eng.stops = ()  # Lengths are replayed, not stopped.
-  out, alone = {}, {}
+  out, alone, programs = {}, {}, {}
   for name, runner in (("lockstep", ref), ("engine", eng)):
+    before = collections.Counter(compiles.by_name)
     runner.run(tasks, samples_per_task=a.group)  # Compiles.
+    programs[name] = {k[4:-1]: v for k, v in (compiles.by_name - before
+                                              ).items()
+                      if k in ("jit(append)", "jit(decode)")}
     out[name] = timed(runner, tasks, a.group, compiles)
   for name, runner in (("lockstep", ref), ("engine", eng)):
-    runner.toolset = loop_lib.ToolSet(tools.canned())
+    runner.toolset = turns.ToolSet(tools.canned())
     alone[name] = timed(runner, tasks, a.group, compiles)[1]
   (lt, lm), (et, em) = out["lockstep"], out["engine"]
   same = all(np.array_equal(x.token_sequence()[0], y.token_sequence()[0])
@@ -301,7 +312,7 @@ def main(argv=None):
       engine_longest_row_share=em["longest_row_share"],
       tokens=em["tokens"], tool_calls=em["tool_calls"], rows=len(et),
       turns=float(np.mean([len(t.turns) for t in et])),
-      engine_programs=dict(eng.trace_counts),
+      engine_programs=programs["engine"],
       slots=a.slots, decode_batch=a.decode_batch, chunk_steps=a.chunk_steps,
       temperature=a.temperature, replay=a.replay,
       split_cores=a.split_cores, decode_cpus=sorted(DECODE_CPUS),

@@ -17,6 +17,9 @@ machine's XLA gives a matmul of its shape (`ceiling_tok_s`).
   python benchmarks/sampler.py [--batch=16] [--repeats=3]
       [--tunix-python=/path/to/python]
 
+`extend` runs on the slot cache, as the rollout engine appends a tool's
+observation (`Device.append`).
+
 `--tunix-python` adds Tunix's sampler as a second peer, run in that
 interpreter on a randomly initialised Llama 3 model of the same shape.
 Prints a summary, then one JSON line.
@@ -39,8 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from swirl_jax import paths
-from swirl_jax.models import decoder, gguf_io, hf_io
+from swirl_jax.models import gguf_io, hf_io
 from swirl_jax.sampling import sampler as sampler_lib
+from swirl_jax.sampling.device import SlotRow
 
 import common  # pylint: disable=g-bad-import-order
 
@@ -104,39 +108,27 @@ def transformers_runner(model_dir, prompts, new_tokens, threads):
   return run, out
 
 
-def _synthetic_state(sampler, batch: int, context: int, cache_len: int):
-  """A state whose rows hold `context` tokens (random keys and values):
-  extend's cost depends on the cache's shape, not on what it holds."""
-  cfg = sampler.cfg
-  cache = decoder.init_cache(cfg, batch, cache_len)
-  k, v = (tuple(jax.random.normal(jax.random.key(2 * i + j), x.shape) * 0.1
-                for i, x in enumerate(cache[name]))
-          for j, name in enumerate("kv"))
-  cache = dict(cache, k=k, v=v,
-               pos=jnp.broadcast_to(jnp.arange(cache_len), (batch, cache_len)),
-               valid=jnp.broadcast_to(jnp.arange(cache_len) < context,
-                                      (batch, cache_len)),
-               index=jnp.int32(context))
-  return sampler_lib.SamplerState(
-      cache, jnp.zeros((batch, cfg.vocab_size)), jnp.zeros(batch, jnp.int32),
-      np.full(batch, context), context, np.zeros(batch, np.int64),
-      np.arange(batch))
-
-
 def bench_extend(sampler, context: int, obs_len: int, batch: int,
                  repeats: int) -> float:
-  """Milliseconds for one `extend` of `obs_len` tokens per row."""
-  cache_len = sampler._cache_size(context + obs_len)  # pylint: disable=protected-access
-  obs = [list(range(100, 100 + obs_len))] * batch
+  """Milliseconds for one append of `obs_len` tokens per row, to rows of
+  the slot cache that hold `context` tokens (the engine's observation)."""
+  limit = context + obs_len
+  dev = sampler.device(batch, 1, append_tokens=limit, limit=limit)
   times = []
   for i in range(repeats + 1):
-    state = _synthetic_state(sampler, batch, context, cache_len)
-    jax.block_until_ready(state.cache)
+    dev.open(batch, batch)
+    rows = [SlotRow(j, list(range(200, 200 + context)))
+            for j in range(batch)]
+    dev.append(rows, fresh=True)
+    for r in rows:
+      r.length, r.obs = context, list(range(100, 100 + obs_len))
+    dev.block()
     start = time.perf_counter()
-    state = sampler.extend(state, obs)
-    jax.block_until_ready(state.logits_BV)
+    dev.append(rows, fresh=False)
+    dev.block()
     if i:  # The first call compiles.
       times.append(time.perf_counter() - start)
+    dev.close()
   return 1000 * min(times)
 
 

@@ -16,8 +16,20 @@ Derived at job start (swirl_jax/swirl/jobs.py `resolve`), so a
 rl_train.num_steps (when 0) = rl_iterations × the mini-batches of one
 iteration's stage2.states_per_step × stage2.samples_per_state rows.
 
-Args: model (preset), checkpoint, judge (model | http | programmatic),
-runlocal, seed.
+The paper runs Gemma 2 27B with Gemini 1.5 Pro as judge and reward model;
+here the judge and reward model of the paper settings are a strong open
+model served over HTTP (`JUDGE_MODEL` on a vLLM server at
+`judge.base_url`; any OpenAI-compatible endpoint with
+`--config.judge.model_name=...`). The bundled SmolLM2-135M as judge
+(judge=model; with the default policy, the policy judging itself) is the
+CPU runs' default only: at that size the README's calibration shows it
+calls every step BAD (kappa 0). Stage 2's advantage is the reward itself, as the paper's objective
+E[R(a|s)] states it; the CPU runs keep the mean baseline over a state's
+samples. Every value that stays different from the paper, and why: the
+README's "Differences from the papers".
+
+Args: model (preset), checkpoint, judge (model | http | programmatic; ''
+= http with JUDGE_MODEL, or model with runlocal), runlocal, seed.
 """
 
 import os
@@ -28,8 +40,10 @@ from swirl_jax import config_lib, fit_programs
 from swirl_jax import judges
 from swirl_jax.training import trainer as trainer_lib
 
-ARGS = dict(model="smollm2_135m", checkpoint="", judge="model",
+ARGS = dict(model="smollm2_135m", checkpoint="", judge="",
             runlocal=False, seed=0)
+# The paper settings' judge and reward model (README, Differences).
+JUDGE_MODEL = "Qwen/Qwen2.5-72B-Instruct"
 # configs/swirl_<data>.py, for the ablations' `data` arg.
 DATA = ("gsm8k", "hotpotqa", "synthetic_arith", "synthetic_multihop")
 
@@ -54,10 +68,21 @@ def _train(loss: str, seed: int) -> ml_collections.ConfigDict:
   return t
 
 
+def _judge(kind: str) -> ml_collections.ConfigDict:
+  j = judges.default_config(kind)
+  j.model_name = JUDGE_MODEL  # Read by kind 'http' only.
+  return j
+
+
+def args(arg) -> ml_collections.ConfigDict:
+  """The args string parsed, or args an ablation has parsed already."""
+  return arg if isinstance(arg, ml_collections.ConfigDict) else \
+      config_lib.parse_arg(arg, **ARGS)
+
+
 def get_config(arg=None):
   """`arg`: the args string, or args an ablation has parsed already."""
-  a = arg if isinstance(arg, ml_collections.ConfigDict) else \
-      config_lib.parse_arg(arg, **ARGS)
+  a = args(arg)
   c = ml_collections.ConfigDict()
   c.job = "swirl_pipeline"
   c.stages = ("stage1", "filter", "rl", "sft", "eval")
@@ -85,12 +110,14 @@ def get_config(arg=None):
                   drop_easy=False, easy_max_calls=1)
   # The judge labels stage 1 steps; the reward model scores stage 2 actions
   # (the paper uses one model for both).
-  c.judge = judges.default_config(a.judge)
-  c.reward = judges.default_config(a.judge)
+  judge = a.judge or ("model" if a.runlocal else "http")
+  c.judge = _judge(judge)
+  c.reward = _judge(judge)
   c.calibration = dict(max_steps=0)  # judge_calibration: 0 = every step.
   c.filter = dict(strategy="process", granularity="trajectory")
+  # advantage 'none': the reward as the paper's objective has it.
   c.stage2 = dict(samples_per_state=4, states_per_step=64, max_new_tokens=512,
-                  temperature=1.0, top_p=1.0, advantage="mean", max_len=8192)
+                  temperature=1.0, top_p=1.0, advantage="none", max_len=8192)
   c.rl_iterations = 500
   c.rl_train = _train("stepwise_pg", a.seed)
   c.rl_train.num_steps = 0  # Derived at job start (see above).
@@ -98,8 +125,12 @@ def get_config(arg=None):
   c.sft_train.num_steps = 500
   c.rl_name = "rl"  # Stage 2's directory (ablations: one per filter).
   # eval.search_corpus: held-out questions' own corpus ('' = tools').
+  # policies: stage names (<workdir>/<name>/hf), 'base', or 'label=DIR'
+  # for any Hugging Face directory. llm_correct: the judge's YES/NO on
+  # each answer against the gold one, beside exact match (the paper's
+  # metric; a model or HTTP judge).
   c.eval = dict(policies=("base", "rl", "sft"), temperature=0.0,
-                search_corpus="")
+                search_corpus="", llm_correct=True)
   if a.runlocal:
     _cpu_sizes(c)
   # --config.job=fit: the memory fit on a target (swirl_jax/fit.py).
@@ -109,6 +140,7 @@ def get_config(arg=None):
 
 def _cpu_sizes(c) -> None:
   c.data.train_limit, c.data.eval_limit = 16, 16
+  c.stage2.advantage = "mean"  # The CPU runs' baseline (README results).
   c.sampler.max_cache_len = 2048
   c.stage1.update(samples=2, tasks_per_batch=8, max_new_tokens=96,
                   max_response_tokens=512)

@@ -3,9 +3,13 @@ r"""SWiRL on GSM8K with the calculator: stage 1 → filter → stage 2 → eval.
 Accelerators (the paper's model; judge and reward model served over HTTP):
 
   python -m swirl_jax.main \
-      --config=configs/swirl_gsm8k.py:model=gemma2_27b,checkpoint=/ckpt/gemma-2-27b-it,judge=http \
-      --config.judge.model_name=JUDGE --config.reward.model_name=JUDGE \
+      --config=configs/swirl_gsm8k.py:model=gemma2_27b,checkpoint=/ckpt/gemma-2-27b-it \
       --workdir=/tmp/swirl_gsm8k
+
+The judge and reward model: configs/swirl_base.py JUDGE_MODEL served by
+vLLM at judge.base_url (`vllm serve Qwen/Qwen2.5-72B-Instruct`), or any
+OpenAI-compatible endpoint (--config.judge.model_name=...,
+--config.reward.model_name=...).
 
 CPU (SmolLM2-135M-Instruct, the policy judging itself; tiny sizes):
 
@@ -13,8 +17,9 @@ CPU (SmolLM2-135M-Instruct, the policy judging itself; tiny sizes):
       --workdir=/tmp/swirl_gsm8k_cpu
 
 SWiRL's own settings (sampling, judge, filter, stage 2, SFT, CPU sizes) are
-in configs/swirl_base.py; this file adds the data, the tool and the step
-cap. Args: model (preset), checkpoint, judge (model | http | programmatic),
+in configs/swirl_base.py (what differs from the paper: the README's
+"Differences from the papers"); this file adds the data, the tool and the
+step cap. Args: model (preset), checkpoint, judge (model | http | programmatic),
 runlocal, seed. Run one stage with `--config.stages=rl,eval`-style
 overrides or the `swirl_<stage>` jobs.
 """

@@ -6,19 +6,25 @@ that, on top of `jax.distributed` and one all-gather (`_allgather`):
 
 - `initialize()`: `jax.distributed.initialize` from the launchers' settings.
 - `host_share(pairs, seed)`, `host_block(n)`: this host's (task, sample)
-  pairs, each with a seed from the run seed and the pair only, so results
-  do not depend on the host count; `run_shared(fn, items)` runs a host's
-  block and gives every host all results (`gather_texts`).
+  pairs, each with a seed from the run seed and the pair only
+  (`mix_seed`), so results do not depend on the host count;
+  `run_local(fn, items)` runs a host's block and keeps its results;
+  `run_shared(fn, items)` gives every host all results (`gather_texts`).
 - `global_batch(local, sharding)` (each host its rows) and
   `place_rows(full, sharding)` (each host the same whole batch): one global
   array per field, after a cross-host check of names, shapes and dtypes
-  that fails on every host with a message naming the host that differs.
+  that fails on every host with a message naming the host that differs;
+  `rows_from_hosts(local, rows)`: every host's rows end to end, each host
+  handing over only its own (host-local data: the rows never cross hosts
+  as messages, only their counts do).
 - `gather(rows)` / `to_host(x)`: values every host needs, from
   process-local rows or from globally sharded arrays (never a `device_get`
-  of a non-addressable array); `to_local(tree, shardings)`: this host's
-  copy of global arrays on its own mesh, device to device.
+  of a non-addressable array); `mean_over_hosts(metrics)`: each host's
+  metrics as one; `to_local(tree, shardings)`: this host's copy of global
+  arrays on its own mesh, device to device.
 - `is_writer()`, `one_writer(what)`: one process writes each file;
-  `host_file(path)`: a file of this host's own.
+  `take_turns(fn, what)`: each host appends its own records to a file, in
+  host order; `host_file(path)`: a file of this host's own.
 - `check_shared_workdir(workdir)`: a workdir every host sees, or a clear
   error at start.
 
@@ -28,7 +34,7 @@ raising and the others waiting in a collective. Every function here that
 exchanges data is a collective: call it on every host, in the same order.
 With one process they all reduce to the plain local operation.
 
-One module (~540 lines) on purpose: the checks, exchanges and writers share
+One module (~670 lines) on purpose: the checks, exchanges and writers share
 the one rule above (every host runs the same collectives in the same
 order), which is easier to keep when it is read in one place.
 """
@@ -42,6 +48,7 @@ import uuid
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -132,11 +139,18 @@ class Pair(NamedTuple):
   seed: int
 
 
-def pair_seed(run_seed: int, task_id: Any, sample: int) -> int:
-  """A 31-bit seed from the run seed and the pair only (never the host)."""
-  text = json.dumps([int(run_seed), str(task_id), int(sample)])
+def mix_seed(*parts: int | str) -> int:
+  """A 31-bit seed from `parts` (ints and strings) alone: the one way
+  seeds are derived (an iteration's from the run seed, a pair's, a row's
+  turn), so none depends on the host, the batch or the slot."""
+  text = json.dumps([p if isinstance(p, str) else int(p) for p in parts])
   digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
   return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+def pair_seed(run_seed: int, task_id: Any, sample: int) -> int:
+  """A seed from the run seed and the pair only (never the host)."""
+  return mix_seed(run_seed, str(task_id), sample)
 
 
 def host_block(n: int, *, even: bool = True, process_index: int | None = None,
@@ -289,14 +303,17 @@ def _layout_problem(sharding, local_rows: int) -> str:
           f"{pid * local_rows}...{(pid + 1) * local_rows - 1}")
 
 
-def _checked_batch(batch: Mapping[str, np.ndarray], layout):
+def _checked_batch(batch: Mapping[str, np.ndarray], layout,
+                   trailing: bool = False):
   """`(arrays, what layout(rows) gives)` once every host's fields agree in
-  names, shapes and dtypes; `layout(rows) -> (problem, value)` adds this
-  host's own check. Any difference raises the same error on every host."""
+  names, shapes (`trailing`: all but the rows) and dtypes;
+  `layout(rows) -> (problem, value)` adds this host's own check. Any
+  difference raises the same error on every host."""
   text, problem, value = "", "", None
   try:  # Nothing may raise before the exchange: the others would wait.
     batch = {k: np.asarray(v) for k, v in batch.items()}
-    text = _describe(batch)
+    text = _describe({k: v[:0] if trailing and v.ndim else v
+                      for k, v in batch.items()})
     rows = {v.shape[0] if v.ndim else -1 for v in batch.values()}
     if len(rows) != 1 or -1 in rows:
       problem = f"fields differ in rows or are scalars: {text}"
@@ -342,6 +359,77 @@ def _held_block(sharding, global_rows: int) -> slice:
     raise ValueError(f"this host's devices hold rows {rows} of the batch, "
                      "not one block; order the mesh's devices by host")
   return slice(rows[0], rows[-1] + 1)
+
+
+def rows_from_hosts(local: Mapping[str, np.ndarray], rows: int
+                    ) -> dict[str, Any]:
+  """Every host's `local` rows laid end to end by host, then zero rows up
+  to `rows`: what one process holding all of them would build.
+
+  One process gets numpy arrays. Several get global arrays (rows over
+  every device where they divide, else whole on each), each host handing
+  over only its own rows; only the row counts (and a check of the fields'
+  names, shapes and dtypes) cross hosts as messages. The rows go device
+  to device, each to where the global array places it: a host's rows
+  stay on its devices where the layout puts them there.
+  """
+  local, count = _checked_batch(local, lambda n: ("", n), trailing=True)
+  counts = [int(n) for n in np.reshape(gather(np.int64([count])), -1)]
+  if sum(counts) > rows:
+    raise ValueError(f"{sum(counts)} rows from the hosts, {rows} wanted")
+  if jax.process_count() == 1:
+    return {k: np.concatenate([v, np.zeros((rows - count,) + v.shape[1:],
+                                            v.dtype)]) for k, v in
+            local.items()}
+  most = max(counts)
+  hosts = Mesh(np.array(jax.devices()).reshape(jax.process_count(), -1),
+               ("hosts", "local"))
+  # Past the staged rows: a zero row (`take` wraps negative indices).
+  index = np.full(rows, len(counts) * most, np.int32)
+  index[:sum(counts)] = np.concatenate(
+      [h * most + np.arange(n) for h, n in enumerate(counts)])
+  everyone = Mesh(np.array(jax.devices()), ("rows",))
+  out = NamedSharding(everyone, P("rows") if rows % everyone.size == 0
+                      else P())
+  staged = {k: jax.make_array_from_process_local_data(
+      NamedSharding(hosts, P("hosts")),
+      np.concatenate([v, np.zeros((most - count,) + v.shape[1:], v.dtype)]))
+            for k, v in local.items()}
+  return {k: _take_rows(v, index, out) for k, v in staged.items()}
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _take_rows(x, index, out_sharding):
+  """Rows `index` of `x` (past its rows: zeros), laid out by
+  `out_sharding`."""
+  return jax.lax.with_sharding_constraint(
+      jnp.take(x, index, axis=0, mode="fill", fill_value=0), out_sharding)
+
+
+def gather_rows(x: np.ndarray) -> np.ndarray:
+  """Every host's rows of a small array (any count each), end to end by
+  host."""
+  x = np.asarray(x)
+  counts = np.reshape(gather(np.int64([len(x)])), -1)
+  most = int(counts.max())
+  rows = np.reshape(gather(np.concatenate(
+      [x, np.zeros((most - len(x),) + x.shape[1:], x.dtype)])),
+                    (len(counts), most) + x.shape[1:])
+  return np.concatenate([r[:n] for r, n in zip(rows, counts)])
+
+
+def mean_over_hosts(metrics: Mapping[str, float],
+                    mins: Sequence[str] = ()) -> dict[str, float]:
+  """Each host's metrics of its own rows as one: a key's mean over the
+  hosts that report it (exact for means over equal blocks of rows), or
+  its min for the keys in `mins`. One fixed-size exchange."""
+  if jax.process_count() == 1:
+    return {k: float(v) for k, v in metrics.items()}
+  reports = [json.loads(t) for t in _allgather_text(
+      json.dumps({k: float(v) for k, v in metrics.items()}))]
+  keys = sorted({k for r in reports for k in r})
+  return {k: (min if k in mins else np.mean)(
+      [r[k] for r in reports if k in r]) for k in keys}
 
 
 # ------------------------------------------------------- results to numpy.
@@ -429,6 +517,31 @@ def gather_texts(texts: Sequence[str], what: str = "records",
           for t in json.loads(bytes(row[:n]).decode())]
 
 
+def run_local(fn: Callable[[Sequence[Any]], Sequence[Any]],
+              items: Sequence[Any], what: str = "work") -> list:
+  """`fn` on this host's `host_block` of `items` (uneven allowed): its
+  results, once every host is done. A host whose `fn` raised raises that;
+  the others a RuntimeError naming it. One process: `fn(items)`."""
+  block = items[host_block(len(items), even=False)]
+  return _then_wait(lambda: list(fn(block)) if len(block) else [], what)
+
+
+def _then_wait(fn: Callable[[], Any], what: str) -> Any:
+  """`fn()`, then wait for every host's: a host whose `fn` raised raises
+  that, the others a RuntimeError naming it (none waits forever)."""
+  out, error = None, None
+  try:
+    out = fn()
+  except Exception as e:  # pylint: disable=broad-except
+    error = e  # Reported below, so no host waits for this one.
+  bad = _any_failed(error is not None)
+  if error is not None:
+    raise error
+  if bad:
+    raise RuntimeError(f"{what}: host {bad[0]} failed")
+  return out
+
+
 def run_shared(fn: Callable[[Sequence[Any]], Sequence[Any]],
                items: Sequence[Any], *, to_text: Callable[[Any], str],
                from_text: Callable[[str], Any], what: str = "work"
@@ -501,6 +614,15 @@ def one_writer(what: str) -> Iterator[bool]:
     bad = _any_failed(failed)
     if bad and not failed:
       raise RuntimeError(f"{what}: host {bad[0]} failed while writing")
+
+
+def take_turns(fn: Callable[[], Any], what: str) -> None:
+  """`fn()` on every host in turn, host 0 first, each once the one before
+  is done: each host appends its own records to one file, which holds
+  them in host order (as one process would write them), once each. If a
+  host's `fn` raised, it raises that and the others a RuntimeError."""
+  for host in range(jax.process_count()):
+    _then_wait(fn if host == jax.process_index() else lambda: None, what)
 
 
 # -------------------------------------------------------- shared workdirs.

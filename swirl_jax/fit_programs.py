@@ -1,12 +1,14 @@
 """The programs the `fit` job compiles, from abstract inputs on the mesh.
 
-`Setup` reads a job config (model, training block, sampler sizes) the way
-the jobs do, with its 'auto' fields resolved for the target backend;
-`measure_all` lowers and compiles the train step on the trainer's mesh, and
-the sampler's programs (`generate`'s prefill and decode loop, the rollout
-engine's append and decode chunk) on one host's decode mesh, from
-`jax.ShapeDtypeStruct`s carrying their shardings, so nothing the size of a
-weight is ever allocated.
+`Setup` reads a job config (model, training block, sampler, engine and
+rollout blocks) through the jobs' own config dataclasses, with its 'auto'
+fields resolved for the target backend; `measure_all` lowers and compiles
+the train step on the trainer's mesh, and the slot cache's programs the
+jobs run (`Sampler.generate`'s prefill and decode, the rollout engine's
+append and decode chunk) on one host's decode mesh, from the abstract
+arguments their device gives (`Device.lowerable`: `jax.ShapeDtypeStruct`s
+carrying their shardings), so nothing the size of a weight is ever
+allocated and a change to a program changes what is measured.
 
 `check_devices` is the same measurement against the real devices, run
 before a training job loads its weights (see swirl_jax/jobs.py).
@@ -18,13 +20,14 @@ import math
 import jax
 import jax.numpy as jnp
 import ml_collections
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from swirl_jax import sharding as shd
 from swirl_jax.models import presets
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.sampling import decoding, slots
+from swirl_jax.rollout import turns
 from swirl_jax.sampling import sampler as sampler_lib
+from swirl_jax.shapes import bucket
+from swirl_jax.tools import parsing
 from swirl_jax.training import defaults, lora, optimizer
 from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
@@ -80,9 +83,9 @@ class Setup:
         self.block.optim, self.block.num_steps)
     self.lora_cfg = self.block.lora if lora.enabled(
         self.block.get("lora")) else None
-    sampler = config.get("sampler") or {}
-    self.cache_len = int(sampler.get("max_cache_len", 4096))
-    self.cache_dtype = sampler.get("cache_dtype")
+    self.sampler = sampler_lib.SamplerConfig.from_config(
+        config.get("sampler") or {})
+    self.cache_len = self.sampler.max_cache_len
     self.rows = int(f.train_rows or self.block.get("mini_batch_size") or 8)
     stage2 = config.get("stage2") or {}
     self.seq_len = int(f.seq_len or config.get("max_seq_len")
@@ -91,13 +94,15 @@ class Setup:
     # data groups of tensor-parallel devices.
     self.host_devices = host_devices
     self.data_parallel, self.tensor_parallel = sampler_lib.decode_layout(
-        host_devices, self.model_cfg, int(sampler.get("tensor_parallel", 1)),
-        int(sampler.get("data_parallel", 1)))
+        host_devices, self.model_cfg, self.sampler.tensor_parallel,
+        self.sampler.data_parallel)
     self.engine = engine_lib.EngineConfig.from_config(
         config.get("engine") or {})
+    self.stops = tuple(parsing.stop_strings(turns.RolloutConfig.from_config(
+        config.get("rollout") or {}).fmt))
     # `generate` runs in SWiRL's stage 2 (rows: `sampler.max_rows` a
     # call); rollouts go through the engine.
-    self.sampler_rows = int(sampler.get("max_rows", 0) or f.sampler_rows) \
+    self.sampler_rows = (self.sampler.max_rows or int(f.sampler_rows)) \
         if "stage2" in config else 0
     self.prompt_len = min(int(f.prompt_len), self.cache_len)
     self.decode_steps = int(f.decode_steps)
@@ -209,91 +214,36 @@ def measure_train(setup: Setup, cfg, memory_fn) -> tuple[dict, dict]:
                                    peak=_per_device_gib(state))
 
 
-def _decode_params(cfg, mesh, rules):
-  """Abstract weights in the compute dtype, layers split, laid out for
-  decode as the `Sampler` holds them (`decoding.param_shardings`)."""
-  cfg = cfg.replace(param_dtype=cfg.dtype)
-  return _abstract(decoding.abstract_params(cfg, split=True),
-                   decoding.param_shardings(cfg, mesh, rules, split=True))
-
-
 def measure_sampler(setup: Setup, cfg, memory_fn) -> dict:
-  """Per-device figures of the sampler's programs as the jobs run them, on
-  one host's devices as `Sampler` lays them out (weights and KV heads
-  over 'tensor', rows over 'data'): `generate`'s prefill and decode
-  (where the config runs it: SWiRL's stage 2, `sampler.max_rows` or else
-  `fit.sampler_rows` rows) and, on one data group, the rollout engine's
-  append and decode chunk (its slot cache: `engine.slots` rows), each at
+  """Per-device figures of the slot cache's programs as the jobs run them,
+  on one host's devices as the `Sampler` lays them out (weights and KV
+  heads over 'tensor', rows over 'data' groups: one group measured, each
+  runs the same): `generate`'s prefill and decode where the config runs
+  it (SWiRL's stage 2: `sampler.max_rows` or else `fit.sampler_rows`
+  rows, `fit.prompt_len` and `fit.decode_steps`), and the rollout
+  engine's append and decode chunk (`engine.slots` rows), each reading
   the full cache."""
   d, t = setup.data_parallel, setup.tensor_parallel
-  mesh = shd.make_mesh([("data", d), ("tensor", t)], jax.devices()[:d * t])
-  rules = shd.DEFAULT_RULES  # The Sampler's: rows over 'data'.
-  figs = {}
-  if setup.sampler_rows:
-    with shd.use_mesh(mesh, rules):
-      figs = _generate(setup, cfg, _decode_params(cfg, mesh, rules), mesh,
-                       rules, memory_fn)
-  group = shd.make_mesh([("tensor", t)], jax.devices()[:t])
-  rules = decoding.decode_rules(rules)  # The engine's: rows whole.
-  with shd.use_mesh(group, rules):
-    figs.update(_engine(setup, cfg, _decode_params(cfg, group, rules),
-                        group, rules, memory_fn))
-  return figs
-
-
-def _generate(setup, cfg, params, mesh, rules, memory_fn) -> dict:
-  d = setup.data_parallel  # Rows over the groups, whole rows each.
-  B, S = d * -(-setup.sampler_rows // d), setup.cache_len
-  rows = lambda shape, dtype: jax.ShapeDtypeStruct(
-      shape, dtype, sharding=shd.data_sharding(mesh, len(shape), rules,
-                                               shape))
-  rep = lambda shape, dtype: jax.ShapeDtypeStruct(
-      shape, dtype, sharding=NamedSharding(mesh, P()))
-  toks = rows((B, setup.prompt_len), jnp.int32)
-  mask = rows((B, setup.prompt_len), jnp.bool_)
-  prefill = jax.jit(lambda p, t, m: decoding.prefill(
-      p, cfg, t, m, S, setup.cache_dtype))
-  compiled = prefill.lower(params, toks, mask).compile()
-  outs = jax.eval_shape(prefill, params, toks, mask)
-  pre = memory_fn(compiled)
-  cache, logits = _abstract(outs, compiled.output_shardings)
-  keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), B))
-  keys = rows(keys.shape, keys.dtype)
-  vec = lambda dtype: rows((B,), dtype)
-  sp = decoding.SamplingParams(keys, vec(jnp.float32), vec(jnp.int32),
-                               vec(jnp.float32))
-  stop = decoding.StopSpec(vec(jnp.int32), rep((8,), jnp.int32),
-                           rep((16, cfg.vocab_size), jnp.int16))
-  decode = jax.jit(lambda p, c, lg, a, st, sp, so: decoding.decode(
-      p, cfg, c, lg, a, st, sp, so, setup.decode_steps),
-                   donate_argnums=(1, 2))
-  compiled = decode.lower(params, cache, logits, vec(jnp.bool_),
-                          vec(jnp.int32), sp, stop).compile()
-  return dict(prefill=pre, decode=memory_fn(compiled))
-
-
-def _engine(setup, cfg, params, mesh, rules, memory_fn) -> dict:
-  """The engine's programs on its slot cache, reading all of it."""
+  sc = setup.sampler
+  sampler = sampler_lib.Sampler(
+      None, cfg, config=sc, token_bytes=[b""] * cfg.vocab_size,
+      mesh=shd.make_mesh([("data", d), ("tensor", t)],
+                         jax.devices()[:d * t]))
   e = setup.engine
-  M, S = e.slots, setup.cache_len + e.chunk_steps
-  programs = slots.programs(cfg, mesh, rules)
-  init = programs.init.lower(M, S, setup.cache_dtype).compile()
-  dev = _abstract(jax.eval_shape(programs.init, M, S, setup.cache_dtype),
-                  init.output_shardings)
-  rep = lambda shape, dtype: jax.ShapeDtypeStruct(
-      shape, dtype, sharding=NamedSharding(mesh, P()))
-  A, T = e.decode_batch, e.append_tokens
-  append = programs.append.lower(
-      params, *dev, rep((A,), jnp.int32), rep((A,), jnp.bool_),
-      rep((A, T), jnp.int32), rep((A, T), jnp.bool_), S).compile()
-  R = e.decode_batch
-  sampling = (rep((R,), jnp.float32), rep((R,), jnp.int32),
-              rep((R,), jnp.float32))
-  chunk = programs.decode.lower(
-      params, *dev, rep((R,), jnp.int32), rep((R,), jnp.uint32), sampling,
-      rep((R,), jnp.int32), rep((8,), jnp.int32),
-      rep((16, cfg.vocab_size), jnp.int16), S, e.chunk_steps).compile()
-  return dict(append=memory_fn(append), decode_chunk=memory_fn(chunk))
+  devices = {("append", "decode_chunk"): (sampler.device(
+      e.decode_batch, e.chunk_steps, e.append_tokens), e.slots)}
+  if setup.sampler_rows:  # As `Sampler.generate` sizes its device.
+    rows = bucket(-(-setup.sampler_rows // d), sc.batch_buckets)
+    devices[("prefill", "decode")] = (sampler.device(
+        rows, bucket(setup.decode_steps, sc.step_buckets),
+        min(bucket(setup.prompt_len, sc.length_buckets), sc.max_cache_len)),
+                                      rows)
+  figs = {}
+  for names, (device, slots) in devices.items():
+    programs = device.lowerable(slots, setup.stops)
+    for name, program in zip(names, ("append", "decode")):
+      figs[name] = memory_fn(programs[program].lower().compile())
+  return figs
 
 
 def measure_all(setup: Setup, layers: int, memory_fn) -> dict:

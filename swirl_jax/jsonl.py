@@ -19,8 +19,10 @@ Two kinds of JSONL file:
   (a truncated download is an error, not a record to drop).
 
 `append` adds records with one O_APPEND write and an fsync; `write` replaces
-a file atomically (temporary file, fsync, rename); `read_json` reads a whole
-JSON document with the same error form.
+a file atomically (temporary file, fsync, rename); `rewind` keeps the
+records a resumed run still vouches for (the rest, and a torn last line, go
+in one atomic rewrite); `read_json` reads a whole JSON document with the
+same error form.
 """
 
 import json
@@ -225,6 +227,29 @@ def write(path: str | os.PathLike, records: Iterable[Any]) -> int:
   data, n = _encode(records)
   write_bytes(path, data)
   return n
+
+
+def _torn(path: str) -> bool:
+  """Whether the file's last byte is not a newline (a torn last line)."""
+  with open(path, "rb") as f:
+    if f.seek(0, os.SEEK_END) == 0:
+      return False
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) != b"\n"
+
+
+def rewind(path: str | os.PathLike, keep: Callable[[Any], bool]) -> int:
+  """Keeps the records of the record file `path` for which `keep(value)`
+  holds, by one atomic rewrite (a torn last line goes too); returns how
+  many were dropped. A missing file is left missing."""
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    return 0
+  records = read(path, torn_tail=True)
+  kept = [r for r in records if keep(r)]
+  if len(kept) < len(records) or _torn(path):
+    write(path, kept)
+  return len(records) - len(kept)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -1,19 +1,25 @@
 """Entry point: `python -m swirl_jax.main --config=configs/x.py[:args]
 --workdir=DIR [--config.a.b=v]`. Dispatches on `config.job`."""
 
+import ast
 import logging as py_logging
 import os
+import re
 import sys
 
 import jax
+import tqdm
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from swirl_jax import errors, jobs
-from swirl_jax import distributed
-from swirl_jax import jobs
+from swirl_jax import distributed, errors, jobs
+
+# transformers (the tokenizers' library) says at import that PyTorch is
+# missing; nothing here needs it. Nothing above imports it: config files
+# and jobs, which may, load after this line.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with ':args'.", lock_config=True)
@@ -56,8 +62,29 @@ def _warn_ignored_presets(config, overrides) -> None:
                       value, block.checkpoint)
 
 
+def _between_bars(handler) -> None:
+  """Makes `handler` clear the progress bars, write its line and redraw
+  them, so a log line never shares a bar's line."""
+  if getattr(handler.emit, "between_bars", False):
+    return
+  emit = handler.emit
+
+  def emit_between_bars(record):
+    with tqdm.tqdm.external_write_mode(file=sys.stderr):
+      emit(record)
+  emit_between_bars.between_bars = True
+  handler.emit = emit_between_bars
+
+
+def _end_bars() -> None:
+  """Closes the progress bars still drawn (each ends its line)."""
+  for bar in list(getattr(tqdm.tqdm, "_instances", ())):
+    bar.close()
+
+
 def _fail(line: str) -> None:
   """Ends the process: `error: <line>` on stderr, exit status 2."""
+  _end_bars()  # The error starts a line of its own.
   logging.flush()
   sys.stdout.flush()
   print(f"error: {line}", file=sys.stderr, flush=True)
@@ -79,15 +106,17 @@ def main(argv):
   except KeyError as e:
     _fail(e.args[0])
   logging.get_absl_handler().addFilter(_quiet_orbax)
+  _between_bars(logging.get_absl_handler().python_handler)
   if not flags.FLAGS.traceback:
     sys.unraisablehook = _quiet_unraisable
   logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
                workdir, jax.process_count(), jax.device_count())
   try:
-    errors.check_writable(workdir)  # Creates it.
-    distributed.check_shared_workdir(workdir)  # Multi-process: seen by all.
     _warn_ignored_presets(
         config, config_flags.get_override_values(flags.FLAGS["config"]))
+    jobs.validate(config)  # Before anything is written.
+    errors.check_writable(workdir)  # Creates it.
+    distributed.check_shared_workdir(workdir)  # Multi-process: seen by all.
     job(config, workdir)
   except Exception as e:  # pylint: disable=broad-except
     line = errors.one_line(e)
@@ -96,16 +125,46 @@ def main(argv):
     _fail(line)
 
 
+# A class named by its module path ("swirl_jax.config_lib.ConfigError: "),
+# as a config file's traceback ends: the user reads the message alone.
+_DOTTED_CLASS = re.compile(r"^(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*: ")
+
+
+def _unquoted(text: str) -> str:
+  """The text of a message that arrives as a string's repr (perhaps
+  twice over: ml_collections raises the repr of a KeyError's key)."""
+  for _ in range(3):
+    if len(text) < 2 or text[0] != text[-1] or text[0] not in "'\"":
+      break
+    try:
+      text = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      break
+  return str(text)
+
+
+def _unknown_key_line(e: BaseException, argv) -> str:
+  """'unknown config key 'lrr' in --config.optim.lrr=1; did you mean
+  'lr'?' from ml_collections' KeyError / AttributeError."""
+  lines = _unquoted(str(e.args[0]) if e.args else "").splitlines()
+  key = _unquoted(lines[0].strip()) if lines else "?"
+  flag = next((a for a in argv if a.startswith("--config.") and
+               key in a.partition("=")[0].split(".")), "")
+  line = f"unknown config key {key!r}" + (f" in {flag}" if flag else "")
+  hint = re.search(r'Did you mean "([^"]+)"', " ".join(lines[1:]))
+  return line + (f"; did you mean {hint.group(1)!r}?" if hint else "")
+
+
 def _parse_flags(argv):
   """absl flag parsing, with a bad config reported in one line."""
   try:
     return flags.FLAGS(argv)
-  except (flags.Error, OSError, KeyError, AttributeError, ValueError) as e:
-    text = str(e).replace("\\n", "\n")
-    lines = [l.strip().strip("'\"") for l in text.splitlines() if l.strip()]
-    if isinstance(e, (KeyError, AttributeError)):  # --config.bad.key=...
-      _fail(f"unknown config key {' '.join(lines)}")
-    _fail(lines[-1] if lines else type(e).__name__)
+  except (KeyError, AttributeError) as e:  # --config.bad.key=...
+    _fail(_unknown_key_line(e, argv))
+  except (flags.Error, OSError, ValueError) as e:
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    # A config file that raised: its traceback's last line.
+    _fail(_DOTTED_CLASS.sub("", lines[-1]) if lines else type(e).__name__)
 
 
 if __name__ == "__main__":

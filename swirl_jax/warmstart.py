@@ -31,7 +31,7 @@ from swirl_jax.models import decoder, loading, presets
 from swirl_jax.models.tokenizer import Tokenizer
 from swirl_jax.rollout import batching, prompts
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.tasks import checkers
@@ -116,7 +116,7 @@ def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
   script = lambda row, turn: (refs[row][turn]["action"]
                               if turn < len(refs[row]) else "")
   loop = engine_lib.RolloutEngine(ScriptedSampler(tok, script), tok, tools,
-                                  loop_lib.RolloutConfig(fmt=fmt,
+                                  turns.RolloutConfig(fmt=fmt,
                                                          max_turns=max_turns))
   trajs = loop.run(tasks)
   checkers.score_trajectories(trajs, tasks)

@@ -7,9 +7,11 @@ OUT_DIR/result_<process>.json; `bad_shapes` gives host 1 a batch of another
 shape and lets the error end the process (`bad_train_batch`: the same
 through the trainer's batch placement). The jobs, in OUT_DIR/work:
 `simpletir` (two GRPO iterations, scripted turns through the real sandbox),
-`swirl` (stage 1 with the tiny model -> filter -> stage 2) and `stage1`
-(scripted, 6 batches; PAUSE_S seconds per batch gives a test time to kill a
-host mid-run).
+`simpletir_bytes` (one iteration with RESPONSE_TOKENS-long turns: the bytes
+the hosts exchange through swirl_jax.distributed and the trainer's batch,
+to OUT_DIR/result_<process>.json), `swirl` (stage 1 with the tiny model ->
+filter -> stage 2) and `stage1` (scripted, 6 batches; PAUSE_S seconds per
+batch gives a test time to kill a host mid-run).
 """
 
 import json
@@ -168,29 +170,78 @@ def _scripted_pairs(loop_cls, pause_s=0.0):
   return current
 
 
-def simpletir_scenario(work: pathlib.Path) -> None:
-  """Two GRPO iterations; per sample k: right, void, wrong, right after an
-  output (as in test_simpletir), so rewards vary within each group."""
+def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
+                       tokens: int = 0, **config) -> None:
+  """GRPO iterations; per sample k: right, void, wrong, right after an
+  output (as in test_simpletir), so rewards vary within each group; each
+  turn opens with about `tokens` tokens of reasoning."""
   from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
   import test_simpletir  # pylint: disable=g-import-not-at-top
   c = test_simpletir._simpletir_config()  # pylint: disable=protected-access
-  c.num_iterations = 2
-  c.train.export_hf = True
+  c.rollout.update(**config)
+  c.num_iterations = iterations
+  c.train.export_hf = iterations > 1
   c.train.async_checkpoints = False
+  if tokens:
+    c.sampler.max_cache_len = c.max_seq_len = 4096
   current = _scripted_pairs(engine_lib.RolloutEngine)
+  think = "Let me think step by step. " * (tokens // 7)
 
   def script(row, turn):
     task, k = current[row]
     gold = task.answer
-    return [f"```python\nfinal_answer({gold})\n```\n", "```python\nprint(1",
-            "```python\nfinal_answer(-1)\n```\n",
-            [f"```python\nprint({gold})\n```\n",
-             f"It prints {gold}, so \\boxed{{{gold}}}."][min(turn, 1)]][k % 4]
+    return think + [
+        f"```python\nfinal_answer({gold})\n```\n", "```python\nprint(1",
+        "```python\nfinal_answer(-1)\n```\n",
+        [f"```python\nprint({gold})\n```\n",
+         f"It prints {gold}, so \\boxed{{{gold}}}."][min(turn, 1)]][k % 4]
 
   train.run(c, str(work),
             make_sampler=lambda p, m, tok: ScriptedSampler(tok, script))
+
+
+def simpletir_bytes_scenario(out: pathlib.Path) -> dict:
+  """One iteration with turns of about RESPONSE_TOKENS tokens: the bytes
+  this host hands to swirl_jax.distributed's exchanges from the rollout's
+  start to the end of the update (every host-to-host message of the job
+  goes through `_allgather`), and the batch the trainer got."""
+  from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  from swirl_jax.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  sent = dict(on=False, bytes=0, calls=0)
+  real_gather, real_run = distributed._allgather, engine_lib.RolloutEngine.run_pairs  # pylint: disable=protected-access
+  real_update, batches = trainer_lib.Trainer.update, []
+
+  def counted(x, tiled=False):
+    if sent["on"]:
+      shards = x.addressable_shards if isinstance(x, jax.Array) else None
+      sent["bytes"] += (sum(s.data.nbytes for s in shards) if shards
+                        else np.asarray(x).nbytes)
+      sent["calls"] += 1
+    return real_gather(x, tiled)
+
+  def run_pairs(self, pairs, **kw):
+    sent["on"] = True
+    return real_run(self, pairs, **kw)
+
+  def update(self, batch, extra=None):
+    out = real_update(self, batch, extra)
+    sent["on"] = False
+    batches.append({k: distributed.to_host(v).tolist()
+                    for k, v in batch.items() if v is not None})
+    return out
+
+  distributed._allgather = counted  # pylint: disable=protected-access
+  engine_lib.RolloutEngine.run_pairs = run_pairs
+  trainer_lib.Trainer.update = update
+  n = int(os.environ["RESPONSE_TOKENS"])
+  simpletir_scenario(out / "work", iterations=1, tokens=n,
+                     max_new_tokens=n + 64, max_response_tokens=2 * n + 128)
+  return dict(bytes=sent["bytes"], calls=sent["calls"], batch=batches[0],
+              response_len=json.loads(
+                  (out / "work" / "metrics.jsonl").read_text().splitlines(
+                  )[0])["response_len"])
 
 
 def swirl_scenario(work: pathlib.Path) -> None:
@@ -206,14 +257,15 @@ def swirl_scenario(work: pathlib.Path) -> None:
 def stage1_scenario(work: pathlib.Path) -> None:
   """Scripted stage 1 over 6 questions, one question (2 samples) a batch."""
   from swirl_jax.models import loading  # pylint: disable=g-import-not-at-top
-  from swirl_jax.rollout import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout import turns  # pylint: disable=g-import-not-at-top
   from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
   from swirl_jax.swirl import stage1  # pylint: disable=g-import-not-at-top
   from swirl_jax.tasks import synthetic  # pylint: disable=g-import-not-at-top
   from swirl_jax.tools import registry  # pylint: disable=g-import-not-at-top
   tok = loading.load_tokenizer("bundled")
   tasks = synthetic.arithmetic_tasks(6, seed=2)
-  current = _scripted_pairs(loop_lib.RolloutLoop,
+  current = _scripted_pairs(engine_lib.RolloutEngine,
                             float(os.environ.get("PAUSE_S", "0")))
 
   def script(row, turn):
@@ -221,9 +273,9 @@ def stage1_scenario(work: pathlib.Path) -> None:
     return f"<answer>{task.answer if k else 0}</answer>" if turn else \
         "<calculator>1 + 2</calculator>"
 
-  loop = loop_lib.RolloutLoop(
+  loop = engine_lib.RolloutEngine(
       ScriptedSampler(tok, script), tok, registry.build_tools(("calculator",)),
-      loop_lib.RolloutConfig(fmt="swirl", max_turns=3))
+      turns.RolloutConfig(fmt="swirl", max_turns=3))
   stage1.generate(loop, tasks, str(work / "stage1"), samples=2,
                   tasks_per_batch=1)
 
@@ -232,6 +284,7 @@ BAD = {"bad_shapes": bad_shapes_scenario,
        "bad_train_batch": bad_train_batch_scenario}
 JOBS = {"simpletir": simpletir_scenario, "swirl": swirl_scenario,
         "stage1": stage1_scenario}
+RESULTS = {"main": main_scenario, "simpletir_bytes": simpletir_bytes_scenario}
 
 
 def main():
@@ -250,7 +303,7 @@ def main():
   if scenario in JOBS:
     JOBS[scenario](out / "work")
     return
-  result = main_scenario(out)
+  result = RESULTS[scenario](out)
   path = out / f"result_{jax.process_index()}.json"
   path.write_text(json.dumps(result))
 

@@ -49,8 +49,10 @@ def _documented(path: str) -> list[list[str]]:
 
 
 def test_every_config_is_found():
-  assert len(CONFIGS) == 13  # 10 in configs/, 3 in configs/ablations/.
-  assert sum(p.startswith("configs/ablations/") for p in CONFIGS) == 3
+  for path in ("configs/demo.py", "configs/simpletir_math.py",
+               "configs/swirl_hotpotqa.py",
+               "configs/ablations/swirl_filter.py"):
+    assert path in CONFIGS
 
 
 @pytest.mark.parametrize("path", CONFIGS)
@@ -128,9 +130,15 @@ def test_derived_steps_at_full_size():
 
 
 @pytest.mark.parametrize("config,overrides,want", [
-    # num_iterations × (prompts_per_step × group_size // mini_batch_size).
-    ("configs/simpletir_math.py", (), 200 * (512 * 16 // 128)),
-    ("configs/simpletir_math.py", ("--config.num_iterations=10",), 640),
+    # num_iterations × (prompts_per_step × group_size // mini_batch_size),
+    # mini_batch_size = mini_batch_prompts × group_size unless set.
+    ("configs/simpletir_math.py", (), 200 * (512 * 16 // (128 * 16))),
+    ("configs/simpletir_math.py", ("--config.num_iterations=10",), 40),
+    ("configs/simpletir_math.py", ("--config.mini_batch_prompts=64",), 1600),
+    ("configs/simpletir_math.py", ("--config.grpo.group_size=8",
+                                   "--config.mini_batch_prompts=256"), 400),
+    ("configs/simpletir_math.py", ("--config.train.mini_batch_size=128",),
+     200 * 64),
     ("configs/simpletir_math.py:runlocal", (), 8 * (4 * 4 // 8)),
     ("configs/simpletir_demo.py", ("--config.train.mini_batch_size=32",),
      16 * (16 * 8 // 32)),

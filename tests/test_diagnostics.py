@@ -232,20 +232,31 @@ def test_swirl_report_per_step_distribution_and_split_shares(tmp_path):
       process=dict(steps_in=10, steps_judged_good=4, steps_kept=4),
       none=dict(steps_in=10, steps_judged_good=4, steps_kept=10))))
   rows = swirl_report.stage2_steps(tmp_path)
+  # One row an optimizer step, numbered as metrics.jsonl and TensorBoard.
   assert [(r["step"], r["reward"], r["grad_norm"]) for r in rows] == [
-      (0, 0.4, 1.0), (1, 0.6, 2.0)]  # One row a step: its first update.
+      (1, 0.4, 1.0), (2, 0.4, 3.0), (3, 0.6, 2.0)]
   assert swirl_report.judged_shares(tmp_path) == {
       "judged GOOD": {"stage 1 (all)": 0.4},
       "kept": {"process": 0.4, "none": 1.0}}
   text = swirl_report.write(tmp_path)
-  assert "| 1 | 0.600 | 0.100 | 0.200 | 0.500 | 0.900 | 0.750 | 2.00e-06 " \
+  assert "| 3 | 0.600 | 0.100 | 0.200 | 0.500 | 0.900 | 0.750 | 2.00e-06 " \
          "| 2.000 |" in text
   assert "| kept | none | 1.000 |" in text
   assert "| judged GOOD | stage 1 (all) | 0.400 |" in text
   for name in ("reward.png", "judged_steps.png"):
     assert (tmp_path / name).stat().st_size > 0
   # Two steps: a default locator would tick 0, 0.2, ..., 1.
-  fig = swirl_report._plot_steps(rows, tmp_path / "r2.png")  # pylint: disable=protected-access
+  plot = swirl_report._plot_steps  # pylint: disable=protected-access
+  fig = plot(rows[1:], tmp_path / "r2.png")
   assert len(fig.axes) == 4  # reward, GOOD share, mismatch, grad-norm.
   for ax in fig.axes:
     assert all(float(t).is_integer() for t in ax.get_xticks())
+    assert ax.get_xlabel() and ax.get_ylabel()  # Every axis labelled.
+  # Rewards and shares on a fixed range with 0 and 1 inside the frame.
+  lo, hi = fig.axes[0].get_ylim()
+  assert lo < 0 and 1 < hi < 1.1
+  assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+      "mean", "mean ± std", "median"]
+  # A constant series (the KL): from 0, not +-4% around its value.
+  lo, hi = fig.axes[2].get_ylim()
+  assert -1e-7 < lo < 0 and 2e-6 < hi < 3e-6

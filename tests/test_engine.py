@@ -1,6 +1,7 @@
-"""The rollout engine against the lock-step loop: same tokens, log-probs and
-masks under greedy and seeded sampling, tools running beside decode, a
-fixed set of compiled programs, attention over the live prefix."""
+"""The rollout engine against the lock-step oracle (tests/lockstep.py):
+same tokens, log-probs and masks under greedy and seeded sampling, tools
+running beside decode, a fixed set of compiled programs (counted from
+JAX's compile events), attention over the live prefix."""
 
 import dataclasses
 import zlib
@@ -13,13 +14,16 @@ import pytest
 from swirl_jax import config_lib
 from swirl_jax.models import decoder, loading
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.scripted import replaying
 from swirl_jax.sampling import distribution
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import synthetic
 from swirl_jax.tasks.records import Task
 from swirl_jax.tools import parsing, registry
+
+import compile_events
+from lockstep import LockStep
 
 SMALL = engine_lib.EngineConfig(slots=4, decode_batch=2, chunk_steps=4,
                                 tool_workers=4)
@@ -55,7 +59,7 @@ def _calc_action(traj_id, turn):
 
 def _pair(tiny, tools, rc, engine=SMALL, action=_calc_action, stops=None):
   _, _, tok, sampler = tiny
-  ref = replaying(loop_lib.RolloutLoop, _lengths, action)(
+  ref = replaying(LockStep, _lengths, action)(
       sampler, tok, tools, rc)
   eng = replaying(engine_lib.RolloutEngine, _lengths, action)(
       sampler, tok, tools, rc, engine)
@@ -104,8 +108,8 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
   """6 rows in 4 cache rows, 2 decoded at a time: rows are prefilled into
   freed rows, stop at different lengths, call the calculator 1-3 times;
   frequent stop strings make false stops that continue the turn."""
-  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
-                              temperature=temperature, seed=5)
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
+                           temperature=temperature, seed=5)
   ref, eng = _pair(tiny, calc_tools, rc, stops=("\n\n\n", "e"))
   tasks = synthetic.arithmetic_tasks(3, seed=2)
   a = ref.run(tasks, samples_per_task=2)
@@ -123,8 +127,8 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
 
 def test_logprobs_equal_teacher_forcing(tiny, calc_tools):
   cfg, params, _, _ = tiny
-  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
-                              temperature=1.0, top_k=50, top_p=0.95)
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
+                           temperature=1.0, top_k=50, top_p=0.95)
   _, eng = _pair(tiny, calc_tools, rc)
   trajs = eng.run(synthetic.arithmetic_tasks(2, seed=4), samples_per_task=2)
   _teacher_check(cfg, params, trajs, rc)
@@ -138,23 +142,24 @@ def test_logprobs_equal_teacher_forcing(tiny, calc_tools):
 def test_fixed_programs_and_live_prefix(tiny, calc_tools):
   """Programs are keyed by bucketed shapes alone: two rollouts of other
   tasks and seeds use a small fixed set, compile each shape at most once
-  (a second rollout recompiles none the first used) and attention reads a
+  (a second rollout compiles none the first used) and attention reads a
   bucket of the live context, never the whole cache. Which shapes a
   rollout meets depends on when tools answer, and other tests in the
-  process share the programs: counted here by shape, not in total."""
-  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
-                              temperature=1.0)
+  process share the programs: a rollout compiles at most its new shapes."""
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
+                           temperature=1.0)
   _, eng = _pair(tiny, calc_tools, rc)
-  traces = lambda: sum(eng.trace_counts.values())
-  start = traces()
-  eng.run(synthetic.arithmetic_tasks(4, seed=6))
-  first, mid = set(eng.shapes), traces()
-  eng.config = loop_lib.RolloutConfig(fmt="swirl", max_turns=3,
-                                      max_new_tokens=32, seed=9)
-  eng.run(synthetic.arithmetic_tasks(4, seed=7))
+  with compile_events.counting() as first_compiles:
+    eng.run(synthetic.arithmetic_tasks(4, seed=6))
+  first = set(eng.shapes)
+  eng.config = turns.RolloutConfig(fmt="swirl", max_turns=3,
+                                   max_new_tokens=32, seed=9)
+  with compile_events.counting() as second_compiles:
+    eng.run(synthetic.arithmetic_tasks(4, seed=7))
   second = set(eng.shapes)
-  assert mid - start <= len(first)
-  assert traces() - mid <= len(second - first)
+  programs = lambda c: sum(compile_events.slot_programs(c).values())
+  assert programs(first_compiles) <= len(first) + 1  # And the cache.
+  assert programs(second_compiles) <= len(second - first)
   assert len(first | second) <= 8, first | second
   longest = max(k[-1] for k in first | second)
   assert longest <= 384 < eng.device.S
@@ -165,32 +170,35 @@ def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
   (appends: piece buckets x read lengths at the decode batch; decode: row
   buckets x read lengths) before it starts, and no rollout compiles more;
   a prompt longer than a piece is appended in pieces, with the same
-  tokens as the lock-step loop's one prefill."""
+  tokens as the lock-step oracle's."""
   cfg, params, tok, _ = tiny
   sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=512))
-  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
-                              temperature=1.0, seed=3)
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
+                           temperature=1.0, seed=3)
   ec = engine_lib.EngineConfig(slots=3, decode_batch=2, chunk_steps=4,
                                append_tokens=32, precompile=True)
   ref, eng = _pair((cfg, params, tok, sampler), calc_tools, rc, engine=ec)
-  before = sum(eng.trace_counts.values())
   tasks = synthetic.arithmetic_tasks(3, seed=8)
-  _same(ref.run(tasks), eng.run(tasks))
+  want = ref.run(tasks)
+  with compile_events.counting() as compiles:
+    _same(want, eng.run(tasks))
   read_lens = eng.device.read_lens()
-  assert read_lens == [256, 384, 512, 516]
-  # Pieces of 16 or 32 tokens; 1 or 2 decode rows.
-  assert sum(eng.trace_counts.values()) - before == len(read_lens) * 4
+  assert read_lens == [256, 384, 512, 513]
+  # Pieces of 16 or 32 tokens; 1 or 2 decode rows (the oracle's cache of
+  # as many rows has been allocated already).
+  assert compile_events.slot_programs(compiles) == {
+      "jit(append)": len(read_lens) * 2, "jit(decode)": len(read_lens) * 2}
   assert max(k[2] for k in eng.shapes if k[0] == "append") == 32
-  assert min(len(t.prompt_ids) for t in ref.run(tasks)) > 32
-  after = dict(eng.trace_counts)
+  assert min(len(t.prompt_ids) for t in want) > 32
   eng.config = dataclasses.replace(rc, seed=11)
-  eng.run(synthetic.arithmetic_tasks(3, seed=9))
-  assert dict(eng.trace_counts) == after
+  with compile_events.counting() as compiles:
+    eng.run(synthetic.arithmetic_tasks(3, seed=9))
+  assert not compile_events.slot_programs(compiles)
 
 
 def test_tools_run_while_others_decode(tiny):
   """Sandbox calls that take a while: the other rows keep decoding, and
-  the trajectories equal the lock-step loop's."""
+  the trajectories equal the lock-step oracle's."""
   tools = registry.build_tools(("python",))
 
   def action(traj_id, turn):
@@ -201,8 +209,8 @@ def test_tools_run_while_others_decode(tiny):
       return parsing.ParsedTurn("call", tool="python", argument=code)
     return parsing.ParsedTurn("answer", answer="42")
 
-  rc = loop_lib.RolloutConfig(fmt="simpletir", max_turns=3,
-                              max_new_tokens=40, temperature=0.0)
+  rc = turns.RolloutConfig(fmt="simpletir", max_turns=3,
+                           max_new_tokens=40, temperature=0.0)
   ref, eng = _pair(tiny, tools, rc, action=action,
                    engine=engine_lib.EngineConfig(slots=4, decode_batch=4,
                                                   chunk_steps=4))
@@ -216,12 +224,12 @@ def test_tools_run_while_others_decode(tiny):
 
 def test_rows_out_of_room_end_cleanly(tiny, calc_tools):
   """An observation that leaves no room in the row's context ends the row
-  ('context_full'), as in the loop, never past the cache; a prompt that
+  ('context_full'), as in the oracle, never past the cache; a prompt that
   does not fit is a clear error."""
   cfg, params, tok, _ = tiny
   sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=320))
-  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=8, max_new_tokens=40,
-                              temperature=0.0)
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=8, max_new_tokens=40,
+                           temperature=0.0)
   always_call = lambda i, k: parsing.ParsedTurn("call", tool="calculator",
                                                 argument="1 + 1")
   eng = replaying(engine_lib.RolloutEngine, lambda i, k: 40 + k, always_call)(
@@ -245,7 +253,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 from swirl_jax import config_lib
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import synthetic
 from swirl_jax.tools import registry
@@ -254,8 +262,8 @@ tools = registry.build_tools(("calculator",))
 tasks = synthetic.arithmetic_tasks(3, seed=2)
 out = {}
 for temperature in (0.0, 1.0):
-  rc = loop_lib.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=24,
-                              temperature=temperature, seed=5)
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=24,
+                           temperature=temperature, seed=5)
   for name, tp, dp in (("one", 1, 1), ("tp", 2, 1), ("dp", 2, 2)):
     sampler = Sampler(params, cfg, tok, SamplerConfig(
         max_cache_len=512, tensor_parallel=tp, data_parallel=dp))
@@ -274,9 +282,9 @@ for temperature in (0.0, 1.0):
     out[f"mesh_{name}"] = dict(m.shape)
     dev = eng.device
     if name == "dp":
-      out["groups"] = [sorted(d.id for d in g.mesh.devices.flat)
+      out["groups"] = [sorted(d.id for d in g.layout.mesh.devices.flat)
                        for g in dev.groups]
-      out["group_programs"] = [sum(g.trace_counts.values()) > 0
+      out["group_programs"] = [sum(g.shapes.values()) > 0
                                for g in dev.groups]
       dev = dev.groups[1]
     dev.open(2, 2)

@@ -23,7 +23,7 @@ from absl import logging
 
 from swirl_jax import chat, config_lib, errors, main
 from swirl_jax.models import presets
-from swirl_jax.rollout import engine, loop
+from swirl_jax.rollout import engine, turns
 from swirl_jax.sampling.sampler import SamplerConfig
 from swirl_jax.simpletir import grpo
 from swirl_jax.swirl import stage2
@@ -194,7 +194,7 @@ def test_workdir_that_is_a_file(cli, tmp_path):
 
 
 @pytest.mark.parametrize("cls, key", [
-    (loop.RolloutConfig, "max_turn"), (stage2.Stage2Config, "samples"),
+    (turns.RolloutConfig, "max_turn"), (stage2.Stage2Config, "samples"),
     (grpo.GroupConfig, "groupsize"), (SamplerConfig, "max_cache"),
     (engine.EngineConfig, "slot")])
 def test_from_config_rejects_unknown_keys(cls, key):
@@ -217,7 +217,7 @@ def test_tools_block_rejects_unknown_keys():
 def test_rollout_format_is_checked():
   with pytest.raises(config_lib.ConfigError, match="^unknown rollout format "
                      "'simpletr'; valid: swirl, simpletir$"):
-    loop.RolloutConfig.from_config({"fmt": "simpletr"})
+    turns.RolloutConfig.from_config({"fmt": "simpletr"})
 
 
 def test_preset_override_with_a_checkpoint_warns(cli, workdir, tmp_path,
@@ -355,10 +355,11 @@ def test_disk_full_during_a_checkpoint(tmp_path):
       f"mount -t tmpfs -o size=64k tmpfs {disk}; mkdir {disk}/w; "
       f"echo kept > {disk}/w/notes.txt; "
       f"{sys.executable} {tmp_path}/job.py --config={tmp_path}/cfg.py "
-      f"--workdir={disk}/w || echo status=$?; cat {disk}/w/notes.txt",
-      tmp_path)
+      f"--workdir={disk}/w || echo status=$?; cat {disk}/w/notes.txt; "
+      f"find {disk}/w -name '*.orbax-checkpoint-tmp*'", tmp_path)
   out, err = proc.stdout.splitlines(), proc.stderr.splitlines()
-  assert out[-2:] == ["status=2", "kept"], proc.stderr[-3000:]
+  # No half-written checkpoint is left behind (find prints none).
+  assert out[-2:] == ["status=2", "kept"], proc.stdout + proc.stderr[-3000:]
   assert re.fullmatch(
       rf"error: disk full: {disk}/w/checkpoints/1\.orbax-checkpoint-tmp/\S+: "
       r"No space left on device", err[-1]), err[-1]

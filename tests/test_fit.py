@@ -161,3 +161,27 @@ def test_fit_check_is_skipped_without_a_device_limit(recorded_job,
   assert any("fit check skipped: the cpu devices report no memory limit"
              in r.getMessage() for r in caplog.records)
   assert jobs.get("simpletir_eval") is not None  # Not a training job.
+
+
+def test_fit_lowers_the_programs_the_config_runs():
+  """The slot cache's programs, from the configs' own dataclasses: a
+  longer cache (sampler.max_cache_len) or more engine slots moves the
+  engine's figures; `generate`'s appear where SWiRL's stage 2 runs."""
+  def figures(stage2=False, **blocks):
+    c = tiny_job_config()
+    c.engine = dict(slots=4, decode_batch=2, chunk_steps=4, append_tokens=16)
+    for name, fields in blocks.items():
+      c[name].update(fields)
+    if stage2:
+      c.stage2 = dict(max_len=32)
+    return fit_programs.measure(c, "cpu", 1)[1]
+
+  base = figures()
+  assert "prefill" not in base and "decode" not in base
+  longer = figures(sampler=dict(max_cache_len=256))
+  more = figures(engine=dict(slots=8))
+  for name in ("append", "decode_chunk"):
+    assert longer[name]["args"] > base[name]["args"], name
+    assert more[name]["args"] > base[name]["args"], name
+  gen = figures(stage2=True)
+  assert gen["prefill"]["peak"] > 0 and gen["decode"]["peak"] > 0

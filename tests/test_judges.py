@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # ------------------------------------------------------------------- HTTP
 
 _MARKERS = ("LP", "TEXTBAD", "WEIRD", "ERRBODY", "NOTJSON", "RATE", "PAUSE",
-            "STALL", "FLAKY", "FAIL", "ECHO")
+            "STALL", "FLAKY", "FAIL", "ECHO", "NEG")
 _ERROR_BODY = {"error": {"message": "model overloaded", "code": 503}}
 
 
@@ -77,8 +77,8 @@ class _Fake(http.server.BaseHTTPRequestHandler):
       return self._reply(200, _ERROR_BODY)
     if marker == "NOTJSON":
       return self._reply(200, b"<html>gateway</html>")
-    msg = {"LP": "GOOD", "TEXTBAD": "BAD", "WEIRD": "maybe"}.get(marker,
-                                                                 "GOOD")
+    msg = {"LP": "GOOD", "TEXTBAD": "BAD", "WEIRD": "maybe",
+           "NEG": "This step is not good."}.get(marker, "GOOD")
     choice = {"index": 0, "message": {"role": "assistant", "content": msg}}
     if marker == "LP" and body.get("logprobs"):
       top = [{"token": "GOOD", "logprob": math.log(0.7)},
@@ -131,6 +131,13 @@ def test_http_judge_reads_logprobs_text_and_retries(server, tmp_path,
   assert j.scorer.requests_sent == 7  # 6 requests, one of them retried.
   assert set(_Fake.auth) == {"Bearer sk-test"}
   assert "sk-test" not in repr(j.scorer) + repr(j)
+
+
+def test_http_judge_reads_a_negation_as_bad(server, tmp_path):
+  _reset()
+  j = _http_judge(server, tmp_path, logprobs=False)
+  assert j.label(["s"] * 2, ["NEG 1", "NEG 2"]) == [False, False]
+  assert j.scorer.unparsed == 0
 
 
 def test_http_judge_cache_avoids_second_request(server, tmp_path):
@@ -346,8 +353,8 @@ def test_identity_names_what_labels_depend_on():
   assert ident == dict(kind="http", threshold=0.5,
                        prompt=judges.PROMPT_VERSION,
                        url="http://127.0.0.1:8000/v1/chat/completions",
-                       model_name="a", logprobs=True, top_logprobs=5,
-                       max_tokens=4, temperature=0.0)
+                       model_name="a", logprobs=True, top_logprobs=20,
+                       max_tokens=8, temperature=0.0)
   c.max_concurrency = 64  # Throughput settings do not change labels.
   assert judges.identity(c) == ident
   m = judges.default_config("model")

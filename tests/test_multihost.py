@@ -58,10 +58,10 @@ def _start_pair(scenario, out, **extra):
           for i in range(2)]
 
 
-def _run_pair(scenario, out, timeout=60):
+def _run_pair(scenario, out, timeout=60, **extra):
   """Both processes of a 2-host job; (returncodes, outputs, seconds)."""
   start = time.monotonic()
-  procs = _start_pair(scenario, out)
+  procs = _start_pair(scenario, out, **extra)
   try:
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
   finally:
@@ -72,10 +72,10 @@ def _run_pair(scenario, out, timeout=60):
   return [p.returncode for p in procs], outputs, time.monotonic() - start
 
 
-def _run_single(scenario, out, timeout=60):
+def _run_single(scenario, out, timeout=60, **extra):
   r = subprocess.run([sys.executable, str(WORKER), scenario, str(out)],
-                     cwd=REPO, env=_env(8), capture_output=True, text=True,
-                     timeout=timeout)
+                     cwd=REPO, env=_env(8, **extra), capture_output=True,
+                     text=True, timeout=timeout)
   assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
   path = out / "result_0.json"
   return json.loads(path.read_text()) if path.exists() else None
@@ -258,6 +258,34 @@ def test_simpletir_on_two_hosts_matches_one(tmp_path):
                              atol=1e-5)
   _compare_params(_params(one), _params(two))
   assert jsonl.read_json(two / "done.json") == {"iterations": 2}
+
+
+def test_simpletir_hosts_exchange_no_trajectories(tmp_path):
+  """One SimpleTIR iteration on two hosts, with turns of ~64 and of ~512
+  tokens: each host keeps the trajectories it rolled out, so the bytes it
+  hands to swirl_jax.distributed's exchanges (every host-to-host message
+  of the job: row counts, rewards and flags, metrics, checks) are the same
+  for both lengths; the trainer's global batch, built from each host's
+  rows, equals one process's."""
+  got = {}
+  for n in (64, 512):
+    out = tmp_path / f"two{n}"
+    codes, outputs, _ = _run_pair("simpletir_bytes", out, timeout=600,
+                                  RESPONSE_TOKENS=n)
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    got[n] = [json.loads((out / f"result_{i}.json").read_text())
+              for i in (0, 1)]
+  lengths = [got[n][0]["response_len"] for n in (64, 512)]
+  assert 40 < lengths[0] < 160 < 400 < lengths[1], lengths
+  for host in (0, 1):
+    assert got[64][host]["bytes"] == got[512][host]["bytes"]
+    assert got[64][host]["calls"] == got[512][host]["calls"]
+    assert got[64][host]["bytes"] < 64 << 10  # Fixed-size checks, mostly.
+  one = _run_single("simpletir_bytes", tmp_path / "one", timeout=600,
+                    RESPONSE_TOKENS=512)
+  assert len(one["batch"]["tokens"][0]) > 512
+  for host in (0, 1):
+    assert got[512][host]["batch"] == one["batch"]
 
 
 @pytest.mark.slow

@@ -5,9 +5,10 @@ import pytest
 
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.simpletir import grpo, oversample
+from swirl_jax.tasks import checkers
 from swirl_jax.tasks import synthetic
 from swirl_jax.tools import registry
 
@@ -28,7 +29,7 @@ def _engine(tok, tasks, slots):
     return f"<answer>{answer}</answer>"
   return engine_lib.RolloutEngine(
       ScriptedSampler(tok, script), tok, registry.build_tools(("calculator",)),
-      loop_lib.RolloutConfig(fmt="swirl", max_turns=2),
+      turns.RolloutConfig(fmt="swirl", max_turns=2),
       engine_lib.EngineConfig(slots=slots, decode_batch=slots))
 
 
@@ -60,3 +61,19 @@ def test_without_oversampling_every_pair_runs(tok):
   assert oversample.prompts_drawn(8, 1.5) == 12
   with pytest.raises(ValueError, match="oversample"):
     oversample.prompts_drawn(8, 0.5)
+
+
+def test_keep_passing_trains_on_want_groups_on_any_host_count(tok):
+  """Every drawn group run (as on several hosts): the passing groups after
+  the first `want` leave; failing groups stay for the statistics."""
+  tasks = synthetic.arithmetic_tasks(5, seed=3)
+  g = grpo.GroupConfig(group_size=G, filter_void=False,
+                       accuracy_band=(0.1, 0.9))
+  trajs = _engine(tok, tasks, slots=8).run(tasks, samples_per_task=G)
+  checkers.score_trajectories(trajs, tasks)
+  # Groups 1, 2 and 4 pass the band (accuracy .5, .25, .75); 0 and 3 not.
+  kept = oversample.keep_passing(trajs, g, want=1)
+  assert [t.task_id for t in kept[::G]] == [tasks[i].id for i in (0, 1, 3)]
+  rows, _, stats = grpo.select_rows(kept, g)
+  assert stats["groups_kept"] == 1 and set(rows // G) == {1}
+  assert oversample.keep_passing(trajs, g, want=5) == trajs

@@ -9,6 +9,7 @@ project's file is the upstream one (GSM8K, HotPotQA), task for task where
 it is a conversion (MATH, AIME).
 """
 
+import gzip
 import json
 import os
 import pathlib
@@ -25,6 +26,8 @@ import pytest
 from swirl_jax import paths
 from swirl_jax.tasks import datasets
 from swirl_jax.tasks import prepare
+from swirl_jax.tools import registry
+from swirl_jax.tools import search
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAIN_COMMIT = "c0ffee" + "0" * 34  # What the fake Hub resolves 'main' to.
@@ -95,7 +98,31 @@ def _hub_files(data):
                            "answer": r["reward_model"]["ground_truth"],
                            "id": r["id"]}
                           for r in rows("math/aime25.parquet")]),
+      # Not in ../shared/data: made-up rows in the columns of the Hub copy
+      # (answers as floats).
+      ("math-ai/amc23", "test-00000-of-00001.parquet"):
+          (_write_parquet, AMC_ROWS),
+      # BEIR's corpus of the HotPotQA Wikipedia abstracts, played by the
+      # train questions' own paragraphs.
+      ("BeIR/hotpotqa", "corpus.jsonl.gz"):
+          (_write_jsonl_gz, [
+              {"_id": str(i), "title": t, "text": "".join(v), "metadata": {}}
+              for i, (t, v) in enumerate(json.loads(
+                  (data / "hotpotqa/hotpotqa_train_corpus.json")
+                  .read_text()).items())]),
   }
+
+
+AMC_ROWS = [{"id": i, "question": f"What is {i} + {i}?", "answer": 2.0 * i,
+             "url": ""} for i in range(1, 4)] + [
+                 {"id": 4, "question": "What is 1/2 + 1/4?", "answer": 0.75,
+                  "url": ""}]
+
+
+def _write_jsonl_gz(path, rows):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with gzip.open(path, "wt", encoding="utf-8") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +166,7 @@ def hub(hf_cache, monkeypatch):
 
 def _config(**kw):
   c = ml_collections.ConfigDict(dict(datasets=("gsm8k", "hotpotqa", "math"),
-                                     hotpotqa_train=100, hotpotqa_dev=500,
+                                     hotpotqa_train=10000, hotpotqa_dev=500,
                                      seed=0, overwrite=False))
   c.update(kw)
   return c
@@ -169,6 +196,32 @@ def test_math_files_convert_to_the_same_tasks(hub, tmp_path):
   # math-ai/aime25 holds what the project's copy was made from.
   assert (pq.read_table(tmp_path / "math/aime25.parquet").to_pylist() ==
           pq.read_table(data / "math/aime25.parquet").to_pylist())
+  amc = datasets.load_tasks("amc23", data_dir=str(tmp_path))
+  assert [(t.id, t.question, t.answer) for t in amc] == [
+      ("amc23/test/1", "What is 1 + 1?", "2"),
+      ("amc23/test/2", "What is 2 + 2?", "4"),
+      ("amc23/test/3", "What is 3 + 3?", "6"),
+      ("amc23/test/4", "What is 1/2 + 1/4?", "0.75")]
+
+
+def test_wiki_corpus_is_fetched_and_indexed_once(hub, tmp_path, monkeypatch):
+  """hotpotqa_wiki: BEIR's corpus as {title, text} rows, its BM25 index
+  beside it; the search tool over 'hotpotqa:wiki' loads that index."""
+  prepare.prepare(("hotpotqa_wiki",), tmp_path, _config())
+  rows = datasets.read_rows(tmp_path / "hotpotqa/wiki_abstracts.jsonl")
+  train = json.loads((_data_dir() / "hotpotqa/hotpotqa_train_corpus.json")
+                     .read_text())
+  assert rows == [{"title": t, "text": "".join(v)} for t, v in train.items()]
+  index = tmp_path / "hotpotqa/wiki_abstracts.bm25"
+  assert len(list(index.glob("bm25_*/params.index.json"))) == 1
+  monkeypatch.setattr(search, "_MEMORY_CACHE", {})
+  monkeypatch.setattr(search, "_build", lambda p: pytest.fail("rebuilt"))
+  tools = registry.build_tools(("search",), search_corpus="hotpotqa:wiki",
+                               data_dir=str(tmp_path), cache_dir=None)
+  title = next(iter(train))
+  assert tools["search"]([title])[0].startswith(f"{title} -> [1] {title}:")
+  prepare.prepare(("hotpotqa_wiki",), tmp_path, _config())  # Current.
+  assert len(hub) == 1
 
 
 def test_math_train_in_the_simplerl_zoo_columns(tmp_path):
@@ -212,7 +265,7 @@ def test_manifest_records_sources_and_reruns_fetch_nothing(hub, tmp_path):
   manifest = json.loads((tmp_path / "manifest.json").read_text())
   assert sorted(manifest) == [
       "gsm8k/test.jsonl", "gsm8k/train.jsonl", "math/aime24.parquet",
-      "math/aime25.parquet", "math/math500.parquet",
+      "math/aime25.parquet", "math/amc23.parquet", "math/math500.parquet",
       "math/math_train_l3to5.parquet"]
   train = manifest["gsm8k/train.jsonl"]
   src = hub[0]
@@ -225,12 +278,12 @@ def test_manifest_records_sources_and_reruns_fetch_nothing(hub, tmp_path):
   assert list(train["source_files"]) == ["main/train-00000-of-00001.parquet"]
   zoo = manifest["math/math_train_l3to5.parquet"]
   assert (zoo["revision"], zoo["commit"]) == ("main", MAIN_COMMIT)
-  assert len(hub) == 6
+  assert len(hub) == 7
   prepare.run(c, str(tmp_path))  # Everything current: no download.
-  assert len(hub) == 6
+  assert len(hub) == 7
   (tmp_path / "gsm8k/test.jsonl").write_text("{}\n")  # Changed on disk.
   prepare.run(c, str(tmp_path))
-  assert hub[6:] == [("openai/gsm8k", "main/test-00000-of-00001.parquet",
+  assert hub[7:] == [("openai/gsm8k", "main/test-00000-of-00001.parquet",
                       src[2])]
   assert (tmp_path / "gsm8k/test.jsonl").read_bytes() == (
       _data_dir() / "gsm8k/test.jsonl").read_bytes()

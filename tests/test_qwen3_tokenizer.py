@@ -18,7 +18,7 @@ from tokenizers import pre_tokenizers, trainers
 
 from swirl_jax.models.gguf_tokenizer import QWEN2_SPLIT
 from swirl_jax.models.tokenizer import Tokenizer
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import prompts
 from swirl_jax.tasks.records import Task
 from test_tokenizer import hf_tokenizer
 
@@ -148,16 +148,16 @@ def test_rollout_ids_keep_sampled_think_blocks(tok, thinking):
   whole, and each new assistant header is the template's generation prompt.
   """
   t = tok.with_chat_template_kwargs(enable_thinking=thinking)
-  loop = loop_lib.RolloutLoop(None, t, {}, loop_lib.RolloutConfig())
-  prompt, ids = loop.prompt_ids(
-      Task(id="q", question="What is 17+25?", answers=["42"],
-           source="synthetic"), tools=("calculator",))
+  prompt, ids = prompts.prompt_ids(
+      t, Task(id="q", question="What is 17+25?", answers=["42"],
+              source="synthetic"), "swirl", tools=("calculator",))
   header = "<|im_start|>assistant\n" + (
       "" if thinking else "<think>\n\n</think>\n\n")
   assert prompt.endswith("What is 17+25?<|im_end|>\n" + header)
   action = "<think>\nAdd them.\n</think>\n\n<math_exp>17+25</math_exp>"
   action_ids = t.encode_continuation(action) + [t.eos_id]
-  obs_ids = loop.observation_ids("17+25 -> 42", action_ids)
+  obs_ids = prompts.observation_ids(
+      t, prompts.observation_frame(t, "swirl"), "17+25 -> 42", action_ids)
   text = prompt + action + "<|im_end|>" + t.decode(obs_ids)
   assert ids + action_ids + obs_ids == t.encode(text)
   assert t.decode(ids + action_ids + obs_ids) == text

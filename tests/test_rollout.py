@@ -1,4 +1,5 @@
-"""The rollout loop: scripted policies with live tools, and a real model."""
+"""Rollouts through the engine: scripted policies with live tools, and a
+real model."""
 
 import jax
 import numpy as np
@@ -6,9 +7,11 @@ import pytest
 
 from swirl_jax.models import decoder, loading
 from swirl_jax import config_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import prompts
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.scripted import ScriptedSampler
+from swirl_jax.sampling.device import Device
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks import synthetic
@@ -39,9 +42,10 @@ def test_scripted_swirl_with_calculator(tokenizer, calc_tools):
   tasks = synthetic.arithmetic_tasks(3, seed=1)
   refs = [synthetic.reference_turns(t) for t in tasks]
   sampler = ScriptedSampler(tokenizer, lambda r, k: refs[r][k]["action"])
-  loop = loop_lib.RolloutLoop(sampler, tokenizer, calc_tools,
-                              loop_lib.RolloutConfig(fmt="swirl",
-                                                     max_turns=10))
+  assert isinstance(sampler.device(4, 8), Device)
+  loop = engine_lib.RolloutEngine(sampler, tokenizer, calc_tools,
+                                  turns.RolloutConfig(fmt="swirl",
+                                                      max_turns=10))
   trajs = loop.run(tasks)
   checkers.score_trajectories(trajs, tasks)
   for traj, task, ref in zip(trajs, tasks, refs):
@@ -65,8 +69,8 @@ def test_invalid_and_void_turns(tokenizer, calc_tools):
             1: ["I am not sure what to do."]}
   sampler = ScriptedSampler(tokenizer, lambda r, k: script[r][k])
   tasks = [Task(f"t{i}", "1+1?", ("2",), "synthetic_arith") for i in range(2)]
-  loop = loop_lib.RolloutLoop(sampler, tokenizer, calc_tools,
-                              loop_lib.RolloutConfig(fmt="swirl"))
+  loop = engine_lib.RolloutEngine(sampler, tokenizer, calc_tools,
+                                  turns.RolloutConfig(fmt="swirl"))
   a, b = loop.run(tasks)
   assert a.turns[0].text.endswith("</search_query>")
   assert "Error: no tool 'search'" in a.turns[0].observation
@@ -85,8 +89,8 @@ def test_scripted_simpletir_with_sandbox(tokenizer):
   }
   sampler = ScriptedSampler(tokenizer, lambda r, k: script[r][k])
   tasks = [Task(f"m{i}", "6*7?", ("42",), "math") for i in range(3)]
-  loop = loop_lib.RolloutLoop(sampler, tokenizer, tools,
-                              loop_lib.RolloutConfig(fmt="simpletir"))
+  loop = engine_lib.RolloutEngine(sampler, tokenizer, tools,
+                                  turns.RolloutConfig(fmt="simpletir"))
   trajs = loop.run(tasks)
   checkers.score_trajectories(trajs, tasks)
   a, b, c = trajs
@@ -99,13 +103,15 @@ def test_scripted_simpletir_with_sandbox(tokenizer):
 
 
 def test_real_tiny_model_rollout(tokenizer, calc_tools):
-  """Behaviour log-probs recorded by the loop equal a teacher-forced pass
-  over the token sequence built from the records."""
+  """Behaviour log-probs recorded by the engine equal a teacher-forced
+  pass over the token sequence built from the records."""
   cfg, params, tok = loading.load_policy(config_lib.model_config("tiny", ""))
   sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=1024))
   tasks = synthetic.arithmetic_tasks(2, seed=3)
-  loop = loop_lib.RolloutLoop(sampler, tok, calc_tools, loop_lib.RolloutConfig(
-      fmt="swirl", max_turns=2, max_new_tokens=12, temperature=1.0))
+  loop = engine_lib.RolloutEngine(sampler, tok, calc_tools,
+                                  turns.RolloutConfig(
+                                      fmt="swirl", max_turns=2,
+                                      max_new_tokens=12, temperature=1.0))
   trajs = loop.run(tasks, samples_per_task=2)
   assert len(trajs) == 4
   for traj in trajs:
@@ -126,19 +132,20 @@ def test_observation_frame_reads_chat_template(tokenizer):
 
 def test_rows_out_of_context_room_end_cleanly(tokenizer, calc_tools):
   """An observation that leaves no room to answer ends its row (meta
-  'context_full') instead of failing the whole batch in `extend`."""
+  'context_full') instead of overflowing the row's context."""
   tasks = synthetic.arithmetic_tasks(2, seed=3)
   refs = [synthetic.reference_turns(t) for t in tasks]
-
-  class Tight(ScriptedSampler):
-    def room(self, state):
-      del state
-      return 3  # Fewer slots than any calculator observation needs.
-
-  sampler = Tight(tokenizer, lambda r, k: refs[r][k]["action"])
-  loop = loop_lib.RolloutLoop(sampler, tokenizer, calc_tools,
-                              loop_lib.RolloutConfig(fmt="swirl", max_turns=5))
-  trajs = loop.run(tasks)
+  script = lambda r, k: refs[r][k]["action"]
+  config = turns.RolloutConfig(fmt="swirl", max_turns=5)
+  # Room for each first action and 3 tokens more: no calculator
+  # observation fits.
+  limit = 3 + max(
+      len(prompts.prompt_ids(tokenizer, t, "swirl")[1])
+      + len(tokenizer.encode_continuation(script(i, 0)))
+      for i, t in enumerate(tasks))
+  sampler = ScriptedSampler(tokenizer, script, limit=limit)
+  trajs = engine_lib.RolloutEngine(sampler, tokenizer, calc_tools,
+                                   config).run(tasks)
   for t in trajs:
     assert t.meta.get("context_full") and len(t.turns) == 1
     assert t.final_answer is None and not t.meta.get("turn_cap")

@@ -1,6 +1,7 @@
-"""Sampler: greedy parity with `transformers`, multi-turn `extend`, behaviour
-log-probs, the sampling distribution, stop strings, errors, compile count and
-a fake 8-device mesh.
+"""Sampler: greedy parity with `transformers`, appending to a row after a
+stop (the engine's multi-turn path on the slot cache), behaviour log-probs,
+the sampling distribution, stop strings, errors, compile count (from JAX's
+compile events) and a fake 8-device mesh.
 
 Most tests share one tiny random Qwen2 model and one Sampler whose buckets
 are fixed, so the whole file compiles a handful of programs.
@@ -21,11 +22,13 @@ import scipy.stats
 import torch
 import transformers
 
+import compile_events
 import hf_models
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, hf_io
 from swirl_jax.training import lora
 from swirl_jax.sampling import distribution, stops
+from swirl_jax.sampling.device import Device, Draw, SlotRow
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -120,41 +123,70 @@ def _boundary_stop(tokens, table, at):
   return s, stops.first_stop(tokens, table, [s])
 
 
-def test_extend_continues_like_prefilling_everything(qwen):
-  """generate -> stop at a string -> extend -> generate gives the tokens of
-  prefilling the whole concatenated context at once."""
+def _decode(dev, rows, stop_strings=()):
+  out, _ = dev.decode(rows, [Draw(0)] * len(rows), stop_strings)
+  for r, (t, _, _) in zip(rows, out):
+    r.length += len(t)
+  return out
+
+
+def test_append_after_a_stop_continues_like_prefilling_everything(qwen):
+  """On the slot cache: decode -> stop at a string -> append an
+  observation -> decode gives the tokens of prefilling the whole
+  concatenated context at once (the engine's multi-turn path)."""
   s, table = qwen["sampler"], qwen["table"]
   prompts = _prompts([7, 3, 11, 5], seed=2)
   free = s.generate(prompts, max_new_tokens=20)
   stop_str, first = _boundary_stop(free.tokens[0], table, 9)
-  turn1 = s.generate(prompts, max_new_tokens=20, stop_strings=[stop_str])
-  assert turn1.stop_reasons[0] == "stop"
-  assert turn1.tokens[0] == free.tokens[0][:first + 1]
-  assert turn1.matched_stops[0] == stop_str
-  assert turn1.texts[0].endswith(stop_str)
+  dev = s.device(4, 20, 32)
+  dev.open(4, 4)
+  rows = [SlotRow(i, p, 20) for i, p in enumerate(prompts)]
+  dev.append(rows, fresh=True)
+  for r in rows:
+    r.length = len(r.obs)
+  turn1 = _decode(dev, rows, (stop_str,))
+  assert turn1[0][2] == "stop"
+  assert turn1[0][0] == free.tokens[0][:first + 1]
+  assert dev.text(rows[0], turn1[0][0], "stop", (stop_str,)).endswith(
+      stop_str)
   obs = [[5, 6, 7], [], [9] * 10, [1]]  # Row 1 adds nothing.
-  state = s.extend(turn1.state, obs)
-  turn2 = s.generate(state=state, max_new_tokens=20)
-  whole = [p + t + o for p, t, o in zip(prompts, turn1.tokens, obs)]
-  np.testing.assert_array_equal(state.lengths, [len(w) for w in whole])
+  more = [r for r, o in zip(rows, obs) if o]
+  for r, o in zip(rows, obs):
+    r.obs = o
+  dev.append(more, fresh=False)
+  for r in more:
+    r.length += len(r.obs)
+  turn2 = _decode(dev, rows)
+  dev.close()
+  whole = [p + t + o for p, (t, _, _), o in zip(prompts, turn1, obs)]
+  assert [r.length - len(t) for r, (t, _, _) in zip(rows, turn2)] == [
+      len(w) for w in whole]
   ref = s.generate(whole, max_new_tokens=20)
-  assert turn2.tokens == ref.tokens
-  for a, b in zip(turn2.logprobs, ref.logprobs):
+  assert [t for t, _, _ in turn2] == ref.tokens
+  for (_, a, _), b in zip(turn2, ref.logprobs):
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def test_cache_ends_at_the_last_returned_token(qwen):
+def test_cache_rows_end_at_the_last_returned_token(qwen):
   s = qwen["sampler"]
+  assert isinstance(s.device(4, 16, 32), Device)
   prompts = _prompts([4, 9], seed=3)
-  res = s.generate(prompts, max_new_tokens=[5, 12])
-  cache = res.state.cache
-  valid = np.asarray(cache["valid"])
-  pos = np.asarray(cache["pos"])
-  assert int(cache["index"]) == res.state.index == 32 + 12
-  for i, (p, t) in enumerate(zip(prompts, res.tokens)):
-    assert valid[i].sum() == len(p) + len(t) == res.state.lengths[i]
-    np.testing.assert_array_equal(pos[i][valid[i]], np.arange(len(p) + len(t)))
-  assert not valid[2:].any()  # Batch padding holds nothing.
+  dev = s.device(4, 16, 32)
+  dev.open(2, 2)
+  rows = [SlotRow(i, p, b) for i, (p, b) in enumerate(zip(prompts,
+                                                          [5, 12]))]
+  dev.append(rows, fresh=True)
+  for r in rows:
+    r.length = len(r.obs)
+  out = _decode(dev, rows)
+  cache = dev._dev[0]  # pylint: disable=protected-access
+  valid, pos = np.asarray(cache["valid"]), np.asarray(cache["pos"])
+  for i, (p, (t, _, _)) in enumerate(zip(prompts, out)):
+    n = len(p) + len(t)
+    assert len(t) == rows[i].budget == [5, 12][i]
+    assert int(cache["index"][i]) == n == valid[i].sum()
+    np.testing.assert_array_equal(pos[i][valid[i]], np.arange(n))
+  dev.close()
 
 
 # ------------------------------------------------------ behaviour log-probs
@@ -351,8 +383,6 @@ def test_stop_strings_end_rows_exactly(qwen):
     want, matched = stops.cut_at_stop(text, [s1, s2])
     assert (res.texts[i], res.matched_stops[i]) == (want, matched)
   assert res.stop_reasons[0] == "stop"
-  assert res.state.lengths.tolist() == [
-      len(p) + len(t) for p, t in zip(prompts, res.tokens)]
 
 
 def test_eos_stops_a_row(qwen):
@@ -363,7 +393,9 @@ def test_eos_stops_a_row(qwen):
   # A Sampler of the same model shares the compiled programs.
   with_eos = Sampler(qwen["params"], qwen["cfg"], config=dataclasses.replace(
       TINY_CONFIG, eos_ids=(eos,)), token_bytes=table)
-  res = with_eos.generate(prompts, max_new_tokens=20)
+  with compile_events.counting() as compiles:
+    res = with_eos.generate(prompts, max_new_tokens=20)
+  assert not compile_events.slot_programs(compiles)
   for i, t in enumerate(free.tokens):
     n = t.index(eos) if eos in t else None
     if n is None:
@@ -371,7 +403,6 @@ def test_eos_stops_a_row(qwen):
       continue
     assert res.tokens[i] == t[:n + 1] and res.stop_reasons[i] == "eos"
     assert res.texts[i] == b"".join(table[j] for j in t[:n]).decode()
-  assert with_eos.programs is s.programs
 
 
 # ----------------------------------------------------- limits and errors
@@ -381,34 +412,22 @@ def test_cache_full_and_too_long(qwen):
   s = qwen["sampler"]
   with pytest.raises(ValueError, match="max_cache_len"):
     s.generate([[1] * 129], max_new_tokens=4)
-  state = s.start(_prompts([12, 4], seed=9))
-  state = s.extend(state, [[3] * 40, [4] * 50])  # 32 + 64 slots used.
-  with pytest.raises(ValueError, match="do not fit"):
-    s.extend(state, [[1] * 33, None])
-  res = s.generate(state=state, max_new_tokens=64)
-  assert res.stop_reasons == ["cache_full"] * 2
-  assert [len(t) for t in res.tokens] == [32, 32]
-  assert res.state.index == 128
-  again = s.generate(state=res.state, max_new_tokens=8)
-  assert again.tokens == [[], []] and again.stop_reasons == ["cache_full"] * 2
-  with pytest.raises(ValueError, match="already used"):
-    s.generate(state=res.state, max_new_tokens=8)
+  with pytest.raises(ValueError, match="empty"):
+    s.generate([[1], []], max_new_tokens=4)
+  res = s.generate(_prompts([100, 4], seed=9), max_new_tokens=64)
+  assert res.stop_reasons == ["cache_full", "length"]
+  assert [len(t) for t in res.tokens] == [28, 64]
 
 
 def test_compiles_a_fixed_number_of_programs(qwen):
   s = qwen["sampler"]
-  warm = s.generate(_prompts([3]), max_new_tokens=8)  # The programs exist.
-  s.extend(warm.state, [[1]])
-  before = dict(s.trace_counts)
-  jitted = (s.programs.prefill, s.programs.decode, s.programs.extend)
-  sizes = [f._cache_size() for f in jitted]  # pylint: disable=protected-access
-  for i, lengths in enumerate([[1], [30, 2], [17, 5, 9], [8, 8, 8, 8]]):
-    res = s.generate(_prompts(lengths, seed=i), max_new_tokens=10 + 9 * i,
-                     temperature=0.5 * (i % 2), top_k=i, top_p=0.9,
-                     stop_strings=["ab", "</a>", "x"][:i], seed=i)
-    s.extend(res.state, [[1] * (i + 1)] * len(lengths))
-  assert dict(s.trace_counts) == before
-  assert [f._cache_size() for f in jitted] == sizes  # pylint: disable=protected-access
+  s.generate(_prompts([3]), max_new_tokens=8)  # The programs exist.
+  with compile_events.counting() as compiles:
+    for i, lengths in enumerate([[1], [30, 2], [17, 5, 9], [8, 8, 8, 8]]):
+      s.generate(_prompts(lengths, seed=i), max_new_tokens=10 + 9 * i,
+                 temperature=0.5 * (i % 2), top_k=i, top_p=0.9,
+                 stop_strings=["ab", "</a>", "x"][:i], seed=i)
+  assert not compile_events.slot_programs(compiles), compiles
 
 
 # ------------------------------------------------------------------ mesh
@@ -434,12 +453,10 @@ _MESH_SCRIPT = textwrap.dedent("""
     err = max(float(np.abs(np.asarray(a) - b).max())
               for a, b in zip(res.logprobs, want["logprobs"]))
     assert err < 1e-4, err
-    k = res.state.cache["k"][0]
-    assert k.sharding.spec[0] == "data", k.sharding.spec
-    assert k.addressable_shards[0].data.shape[0] == k.shape[0] // 4
-    state = s.extend(res.state, [[1, 2], [3], [], [4, 5, 6]])
-    more = s.generate(state=state, max_new_tokens=5)
-    assert all(len(t) == 5 for t in more.tokens)
+    # Rows over the 4 data groups, each decoding on its 2 devices.
+    groups = s.device(1, 8).groups
+    assert [sorted(d.id for d in g.layout.mesh.devices.flat)
+            for g in groups] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     # LoRA: adapters sharded as the trainer holds them, merged on the mesh
     # (the trainer's policy_params), sampled with the same programs.
     sys.path.insert(0, "tests")

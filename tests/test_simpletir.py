@@ -1,6 +1,9 @@
 """SimpleTIR: void turns, GRPO rows, and training steps with the sandbox."""
 
 import json
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -108,7 +111,22 @@ def _simpletir_config(**rollout):
   return c
 
 
-def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
+# Grad norms of the 6 updates, recorded from two identical runs each. The
+# scripted sampler's log-probs are not the model's: with them as the old
+# log-probs (old_logprobs='sampler') every ratio is far outside the clip
+# and the gradient is tiny; recomputed by the trainer (SimpleTIR's code)
+# the first mini-batch of each iteration is on-policy (ratio 1).
+_GRAD_NORMS = {
+    "sampler": [5.951700222794898e-05, 0.00010798522271215916,
+                0.000118911630124785, 4.4710355723509565e-05,
+                7.2482529503759e-05, 7.351527165155858e-05],
+    "trainer": [1.032475233078003, 2.46901273727417, 2.5940394401550293,
+                1.7162083387374878, 1.4618982076644897, 1.5273668766021729],
+}
+
+
+@pytest.mark.parametrize("old_logprobs", ["trainer", "sampler"])
+def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch, old_logprobs):
   """Several GRPO iterations; every code block runs in the sandbox.
 
   Turns are replayed (a random tiny model rarely closes a code block), so
@@ -118,6 +136,7 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
   from swirl_jax.tools import sandbox  # pylint: disable=g-import-not-at-top
   c = _simpletir_config()
+  c.old_logprobs = old_logprobs
   ran, answers = [], []
   real = sandbox.Sandbox.run_batch
   monkeypatch.setattr(sandbox.Sandbox, "run_batch", lambda self, s: (
@@ -144,13 +163,14 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch):
   train.run(c, str(tmp_path), make_sampler=make_sampler)
   assert any("final_answer" in s for s in ran)
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  # 3 iterations x (2 prompts x 4 rows // mini-batch 4) steps. Grad norms:
-  # recorded from two identical runs of this test.
-  np.testing.assert_allclose(
-      [l["grad_norm"] for l in lines],
-      [5.951700222794898e-05, 0.00010798522271215916, 0.000118911630124785,
-       4.4710355723509565e-05, 7.2482529503759e-05, 7.351527165155858e-05],
-      rtol=2e-4)
+  # 3 iterations x (2 prompts x 4 rows // mini-batch 4) steps.
+  np.testing.assert_allclose([l["grad_norm"] for l in lines],
+                             _GRAD_NORMS[old_logprobs], rtol=2e-4)
+  first = [l["ratio_mean"] for l in lines[::2]]  # Each iteration's first.
+  if old_logprobs == "trainer":
+    np.testing.assert_allclose(first, 1.0, atol=1e-5)
+  else:
+    assert all(abs(r - 1) > 0.5 for r in first)
   for l in lines:
     assert l["void_rate"] == pytest.approx(0.25)
     assert l["reward"] == pytest.approx(0.5)
@@ -197,47 +217,118 @@ def test_report_summarises_iterations_and_compares_runs(tmp_path):
 
 
 def test_grpo_iteration_with_real_tiny_model(tmp_path):
-  """The sampler path: rollouts from the model itself, then a step."""
+  """The sampler path: rollouts from the model itself, then a step; the
+  code's validation before the first and after the last iteration (into
+  metrics.jsonl and the report), and the policy exported at the end."""
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
   c = _simpletir_config(temperature=1.0)
   c.num_iterations = 1
   c.grpo.drop_zero_variance = False  # Random rewards are mostly 0.
   c.grpo.filter_void = False
+  c.validation.update(every=1, k=2, limit=2)
   train.run(c, str(tmp_path))
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  steps = [l for l in lines if "iteration" in l]
   # The random tiny model answers nothing: every reward and so every GRPO
   # advantage is 0, and with no KL term (SimpleTIR) loss and gradient are 0.
-  assert [(l["loss"], l["grad_norm"]) for l in lines] == [(0.0, 0.0)] * 2
+  assert [(l["loss"], l["grad_norm"]) for l in steps] == [(0.0, 0.0)] * 2
+  vals = report.validations(tmp_path)
+  assert [v["val_iteration"] for v in vals] == [0.0, 1.0]
+  assert all(v["val_synthetic_arith_test_avg@2"] == 0.0 for v in vals)
+  assert "pass@2" in (tmp_path / "report.md").read_text()
+  assert (tmp_path / "hf" / "config.json").exists()  # train.export_hf.
 
 
-def _main(root, *args):
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _main(*args, rc=0):
   cmd = [sys.executable, "-m", "swirl_jax.main", *args]
-  proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                         timeout=1200, check=False)
-  if proc.returncode != 0:
-    pytest.fail(f"{' '.join(cmd[1:])} failed ({proc.returncode}):\n"
+  if proc.returncode != rc:
+    pytest.fail(f"{' '.join(cmd[1:])} exited {proc.returncode}, not {rc}:\n"
                 f"{(proc.stdout + proc.stderr)[-3000:]}")
+  return proc
 
 
-def test_simpletir_demo_config_runs_and_reuses_its_warm_start(tmp_path):
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory):
+  """Workdirs trained by configs/simpletir_demo.py at smoke size: the demo
+  (`on`) and its ablation arm (`off`: no void filter, reusing on's warm
+  start, one iteration)."""
+  root = tmp_path_factory.mktemp("demo")
+  on, off = root / "on", root / "off"
+  _main("--config=configs/simpletir_demo.py:smoke", f"--workdir={on}")
+  _main("--config=configs/simpletir_demo.py:smoke,filter_void=False,"
+        f"warmstart_from={on}", f"--workdir={off}",
+        "--config.num_iterations=1")
+  return on, off
+
+
+def test_simpletir_demo_config_runs_and_reuses_its_warm_start(demo_runs):
   """configs/simpletir_demo.py at smoke size: warm start on ```python
   demonstrations, GRPO iterations, report; then the ablation arm reuses the
   first run's warm-started policy instead of training its own."""
-  import pathlib  # pylint: disable=g-import-not-at-top
-  root = pathlib.Path(__file__).resolve().parents[1]
-  on, off = tmp_path / "on", tmp_path / "off"
-  _main(root, "--config=configs/simpletir_demo.py:smoke", f"--workdir={on}")
+  on, off = demo_runs
   assert (on / "warmstart" / "hf" / "model.safetensors").exists()
   assert [r["iteration"] for r in report.iterations(on)] == [0, 1]
   assert (on / "report.md").exists() and (on / "reward.png").exists()
-  _main(root, "--config=configs/simpletir_demo.py:smoke,filter_void=False,"
-        f"warmstart_from={on}", f"--workdir={off}",
-        "--config.num_iterations=1")
   assert not (off / "warmstart").exists()
   rows = report.iterations(off)
   assert len(rows) == 1
   # Without the void filter, void rows stay in the loss (drop_zero_variance
   # is off at smoke size), so every rollout is in it.
   assert rows[0]["rows_in_loss"] == 8
+
+
+def _weights(hf):
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  return load_file(str(hf / "model.safetensors"))
+
+
+def test_simpletir_eval_evaluates_the_trained_policy(demo_runs, tmp_path):
+  """Job simpletir_eval on a workdir the demo trained loads the trained
+  export by default, names the weights in its log and JSON, and its
+  metrics differ from the base (warm-started) policy's; with no weights it
+  refuses in one line.
+
+  The ablation arm's workdir: its rows are in the loss, so its optimizer
+  steps ran (at smoke size every reward is 0, so what moved the weights is
+  AdamW's decoupled weight decay, 0.01 as verl's; the base's weights and
+  the trained ones differ, and so do the policies' log-probs)."""
+  on, off = demo_runs
+  trained, base = _weights(off / "hf"), _weights(on / "warmstart" / "hf")
+  assert any(not np.array_equal(trained[k], base[k]) for k in base)
+  args = ["--config=configs/simpletir_demo.py:smoke,filter_void=False,"
+          f"warmstart_from={on}", f"--workdir={off}",
+          "--config.job=simpletir_eval"]
+  out = {}
+  for policy, want in (("", off / "hf"), ("base", on / "warmstart" / "hf")):
+    proc = _main(*args, f"--config.eval.policy={policy}")
+    name = policy or "trained"
+    summary = json.loads((off / "eval" / name / "summary.json").read_text())
+    assert summary["policy"] == name and summary["weights"] == str(want)
+    assert f"policy {name}, weights {want}" in proc.stderr
+    assert f"weights {want}" in (off / "eval" / name /
+                                 "results.md").read_text()
+    out[name] = summary["results"]["synthetic_arith:test"]
+    assert {"avg@2", "pass@2"} <= set(out[name])
+  # Same prompts and seeds; other weights give other log-probs.
+  assert out["trained"]["token_logp"] != out["base"]["token_logp"]
+  both = json.loads((off / "eval" / "results.json").read_text())
+  assert {k: v["weights"] for k, v in both.items()} == {
+      "trained synthetic_arith:test": str(off / "hf"),
+      "base synthetic_arith:test": str(on / "warmstart" / "hf")}
+  table = (off / "eval" / "results.md").read_text()
+  assert "| policy dataset | avg@2 | pass@2 |" in table
+  assert f"policy base: weights {on / 'warmstart' / 'hf'}" in table
+  empty = tmp_path / "untrained"
+  for policy in ("", "base"):
+    proc = _main("--config=configs/simpletir_demo.py:smoke",
+                 f"--workdir={empty}", "--config.job=simpletir_eval",
+                 f"--config.eval.policy={policy}", rc=2)
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and (
+        "simpletir_train" in lines[-1] or "training job" in lines[-1]), lines
+  assert not (empty / "eval").exists()

@@ -11,11 +11,13 @@ import pytest
 from swirl_jax.models import decoder, loading
 from swirl_jax import config_lib
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
-from swirl_jax.rollout.records import StepUnit, read_jsonl
+from swirl_jax.rollout import turns
+from swirl_jax.evaluation import agent_eval
+from swirl_jax.rollout.records import StepUnit, Trajectory, read_jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.swirl import jobs, stage1, stage2
 from swirl_jax.tasks import synthetic
+from swirl_jax.tasks.records import Task
 from swirl_jax.tools import registry
 from swirl_jax.training import step as step_lib
 
@@ -48,7 +50,7 @@ def test_stage1_resume_has_each_pair_once(tmp_path, tokenizer):
 
   out = str(tmp_path / "stage1")
   tools = registry.build_tools(("calculator",))
-  cfg = loop_lib.RolloutConfig(fmt="swirl", max_turns=3)
+  cfg = turns.RolloutConfig(fmt="swirl", max_turns=3)
   kill = True
   loop = Loop(ScriptedSampler(tokenizer, script), tokenizer, tools, cfg)
   with pytest.raises(_Killed):
@@ -100,7 +102,7 @@ def test_stage2_samples_do_not_depend_on_the_batch_split():
   """What makes stage 2's split over hosts and generate calls exact: a
   state's G sampled actions and rewards are the same (log-probs to
   rounding) whether it is sampled with the whole step's states or with
-  part of them, and survive the text the hosts exchange."""
+  part of them."""
   from swirl_jax.models import presets  # pylint: disable=g-import-not-at-top
   from swirl_jax.sampling.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
   cfg = presets.get_preset("tiny")
@@ -109,10 +111,13 @@ def test_stage2_samples_do_not_depend_on_the_batch_split():
   sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=64))
   c = stage2.Stage2Config(samples_per_state=3, max_new_tokens=6)
   units = _units(4)
-  whole = stage2.sample_and_score(sampler, _LengthJudge(), units, c, seed=5)
-  parts = [t for part in (units[:1], units[1:]) for t in
-           stage2.sample_and_score(sampler, _LengthJudge(), part, c, seed=5)]
-  (a1, r1), (a2, r2) = stage2.unpack(whole), stage2.unpack(parts)
+  a1, r1 = stage2.sample_and_score(sampler, _LengthJudge(), units, c,
+                                    seed=5)
+  parts = [stage2.sample_and_score(sampler, _LengthJudge(), part, c, seed=5)
+           for part in (units[:1], units[1:])]
+  a2 = stage2.Actions(*(sum((getattr(a, f) for a, _ in parts), [])
+                        for f in ("ids", "logprobs", "texts")))
+  r2 = np.concatenate([r for _, r in parts])
   assert (a1.ids, a1.texts) == (a2.ids, a2.texts)
   np.testing.assert_array_equal(r1, r2)
   # Log-probs only to float rounding: a batch of other rows' shape is
@@ -126,8 +131,8 @@ def test_stage2_samples_do_not_depend_on_the_batch_split():
   assert acts.ids == [list(map(int, i)) for i in direct.ids]
   for got, want in zip(acts.logprobs, direct.logprobs):
     np.testing.assert_array_equal(got, np.asarray(want, np.float32))
-  other = stage2.unpack(stage2.sample_and_score(
-      sampler, _LengthJudge(), units, c, seed=6))[0]
+  other = stage2.sample_and_score(sampler, _LengthJudge(), units, c,
+                                  seed=6)[0]
   assert other.ids != acts.ids  # The step's seed matters.
   # In generate calls of at most 5 rows (12 rows: 5 + 5 + 2): the same.
   small = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=64,
@@ -246,4 +251,51 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
               process_correctness=0.0, turns=1.0, response_len=12.0,
               void_rate=1.0, turn_cap_rate=0.0, overlong_rate=0.0)
   assert res == {"base": want, "rl": want, "sft": want}
+  assert json.loads((tmp_path / "eval" / "weights.json").read_text()) == {
+      "base": "", "rl": str(tmp_path / "rl" / "hf"),
+      "sft": str(tmp_path / "sft" / "hf")}
   assert (tmp_path / "eval" / "results.md").read_text().startswith("| policy")
+  # Any trained policy by directory ('label=DIR'), judged by a model with
+  # its own checkpoint: the base policy is not loaded at all.
+  loaded = []
+  real_load = loading.load_policy
+  monkeypatch.setattr(loading, "load_policy", lambda m, **kw: (
+      loaded.append(m.checkpoint), real_load(m, **kw))[1])
+  c.eval.policies = (f"other={tmp_path / 'rl' / 'hf'}",)
+  c.judge.kind = "model"
+  c.judge.model.checkpoint = str(tmp_path / "sft" / "hf")
+  jobs.run_pipeline(c, str(tmp_path / "other"))
+  assert loaded == [str(tmp_path / "rl" / "hf"), str(tmp_path / "sft" / "hf")]
+  res = json.loads((tmp_path / "other" / "eval" / "results.json")
+                   .read_text())
+  assert json.loads((tmp_path / "other" / "eval" / "weights.json")
+                    .read_text()) == {"other": str(tmp_path / "rl" / "hf")}
+  assert res["other"]["llm_correct"] == 0.0  # No answer: never asked.
+  c.eval.policies = (f"other={tmp_path / 'nothing'}",)
+  with pytest.raises(FileNotFoundError, match="no exported policy"):
+    jobs.run_pipeline(c, str(tmp_path / "other"))
+
+
+class _Outcome:
+  """An outcome judge that matches answers by their digits."""
+
+  def __init__(self):
+    self.asked = []
+
+  def label(self, questions, predictions, golds):
+    self.asked += list(zip(questions, predictions, golds))
+    return [p.strip("$ ") == g for p, g in zip(predictions, golds)]
+
+
+def test_llm_correct_asks_the_judge_about_each_answer():
+  tasks = [Task(id=f"t{i}", question=f"q{i}", answers=(str(i),),
+                source="gsm8k")
+           for i in range(3)]
+  trajs = [Trajectory(task_id="t0", final_answer="$0"),
+           Trajectory(task_id="t1", final_answer="7"),
+           Trajectory(task_id="t2")]  # No answer: wrong, not asked.
+  judge = _Outcome()
+  out = agent_eval.summarize(trajs, tasks, outcome_judge=judge)
+  assert out["llm_correct"] == pytest.approx(1 / 3)
+  assert out["accuracy"] == pytest.approx(1 / 3)
+  assert judge.asked == [("q0", "$0", "0"), ("q1", "7", "1")]

@@ -75,7 +75,8 @@ def test_gold_answers_parsed(data_dir):
 def test_corpora(data_dir):
   assert len(registry.corpus("hotpotqa:train", data_dir)) == 994
   assert len(registry.corpus("musique", data_dir)) == 1890
-  assert registry.corpus("synthetic_multihop:test") == search.as_passages(
+  assert registry.corpus("synthetic_multihop:test",
+                         corpora=datasets.CORPORA) == search.as_passages(
       synthetic.multihop_corpus(seed=1))
 
 

@@ -15,11 +15,11 @@ YES/NO (outcome) prompts over a scorer.
 import abc
 import dataclasses
 import hashlib
-import logging
 import re
 from typing import Sequence
 
 import numpy as np
+import tqdm
 
 from swirl_jax import errors
 from swirl_jax.rollout.records import StepUnit
@@ -189,7 +189,7 @@ class OutcomeJudge:
             for p in self.score(questions, predictions, golds)]
 
 
-def label_units(judge: Judge, units: Sequence[StepUnit], chunk: int = 1024,
+def label_units(judge: Judge, units: Sequence[StepUnit], chunk: int = 64,
                 *, total: int | None = None) -> list[StepUnit]:
   """Copies of `units` with `process_prob` / `process_good` filled in.
 
@@ -197,7 +197,14 @@ def label_units(judge: Judge, units: Sequence[StepUnit], chunk: int = 1024,
   nothing stores a label nobody gave. The unreadable share is checked over
   `total` steps (default: `units`; a filter judging what is left of its
   steps passes all of them), after each chunk so a broken judge stops early.
+  A progress bar counts the judged steps.
   """
+  with tqdm.tqdm(total=len(units), desc="judging", unit="step",
+                 disable=not units) as bar:
+    return _label_chunks(judge, units, chunk, total, bar)
+
+
+def _label_chunks(judge, units, chunk, total, bar) -> list[StepUnit]:
   out, unreadable = [], 0
   for i in range(0, len(units), chunk):
     part = units[i:i + chunk]
@@ -210,5 +217,5 @@ def label_units(judge: Judge, units: Sequence[StepUnit], chunk: int = 1024,
         u, process_prob=None if p is None else float(p),
         process_good=None if p is None else bool(p > judge.threshold))
             for u, p in zip(part, probs)]
-    logging.info("judged %d / %d steps", len(out), len(units))
+    bar.update(len(part))
   return out

@@ -80,7 +80,7 @@ class HTTPScorer:
                max_retries: int = 5, backoff_s: float = 1.0,
                max_backoff_s: float = 60.0, timeout_s: float = 120.0,
                cache_path: str = "", logprobs: bool = True,
-               top_logprobs: int = 5, max_tokens: int = 4,
+               top_logprobs: int = 20, max_tokens: int = 8,
                temperature: float = 0.0, max_unparsable: float = 0.1,
                retry_log_every_s: float = 30.0,
                extra_body: dict | None = None):

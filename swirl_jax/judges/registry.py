@@ -29,7 +29,9 @@ _FIELDS = {
         max_concurrency=8, requests_per_second=0.0, max_retries=5,
         backoff_s=1.0, max_backoff_s=60.0, timeout_s=120.0,
         cache_path="",  # '': the job's default (in the workdir); 'off'.
-        logprobs=True, top_logprobs=5, max_tokens=4, temperature=0.0,
+        # The prompt asks for one word; 8 tokens fit it with markup or a
+        # short negation ("**GOOD**", "Not good."), read as a judge means.
+        logprobs=True, top_logprobs=20, max_tokens=8, temperature=0.0,
         max_unparsable=0.1,  # Share of a batch; more fails the stage.
         retry_log_every_s=30.0),
     "programmatic": dict,

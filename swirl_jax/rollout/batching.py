@@ -2,13 +2,15 @@
 
 Shapes are bucketed (rows up to a multiple of the mini-batch, length up to a
 bucket) so a run compiles few step programs; padding rows and columns have
-loss mask 0 and contribute nothing.
+loss mask 0 and contribute nothing. `collate_over_hosts` builds the batch
+of host-local rows: each host passes its own.
 """
 
 from typing import Sequence
 
 import numpy as np
 
+from swirl_jax import distributed
 from swirl_jax.shapes import bucket
 
 LENGTH_BUCKETS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
@@ -27,12 +29,9 @@ def collate(seqs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
   `row_multiple` and at least `min_rows`.
   """
   n = len(seqs)
-  longest = max((len(s[0]) for s in seqs), default=1)
-  T = bucket(max(longest, 2), length_buckets)
-  if max_len:
-    T = min(T, max_len)
-  rows = max(min_rows, 1 << max(0, (max(n, 1) - 1).bit_length()))
-  rows = int(np.ceil(rows / row_multiple) * row_multiple)
+  T = padded_length(max((len(s[0]) for s in seqs), default=1),
+                    length_buckets, max_len)
+  rows = padded_rows(n, row_multiple, min_rows)
   out = dict(tokens=np.zeros((rows, T), np.int32),
              loss_mask=np.zeros((rows, T), np.float32),
              behaviour_logprobs=np.zeros((rows, T), np.float32),
@@ -47,3 +46,32 @@ def collate(seqs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
   if advantages is not None:
     out["advantages"][:n] = np.asarray(advantages, np.float32)
   return out
+
+
+def padded_length(longest: int, length_buckets=LENGTH_BUCKETS,
+                  max_len: int | None = None) -> int:
+  T = bucket(max(longest, 2), length_buckets)
+  return min(T, max_len) if max_len else T
+
+
+def padded_rows(n: int, row_multiple: int = 1, min_rows: int = 1) -> int:
+  rows = max(min_rows, 1 << max(0, (max(n, 1) - 1).bit_length()))
+  return int(np.ceil(rows / row_multiple) * row_multiple)
+
+
+def collate_over_hosts(seqs, advantages=None, *, row_multiple: int = 1,
+                       min_rows: int = 1,
+                       length_buckets: Sequence[int] = LENGTH_BUCKETS,
+                       max_len: int | None = None):
+  """`collate` of every host's rows laid end to end by host, each host
+  passing only its own `seqs` (and their advantages): one process gets
+  `collate`'s batch; several get it as global arrays
+  (`distributed.rows_from_hosts`). Only row counts and lengths cross
+  hosts as messages. Every host calls it (a collective)."""
+  sizes = np.reshape(distributed.gather(np.int64([
+      [len(seqs), max((len(s[0]) for s in seqs), default=1)]])), (-1, 2))
+  T = padded_length(int(sizes[:, 1].max()), length_buckets, max_len)
+  local = collate(seqs, advantages, length_buckets=(T,), max_len=T)
+  return distributed.rows_from_hosts(
+      {k: v[:len(seqs)] for k, v in local.items()},
+      padded_rows(int(sizes[:, 0].sum()), row_multiple, min_rows))

@@ -8,33 +8,31 @@ cache row at once and the next pending (task, sample) is prefilled into it.
 Decode runs in jitted chunks of `chunk_steps` steps between host checks;
 prefills and observation appends of the rows that arrive together run as
 one batched `append` each (bucketed shapes: a fixed, small set of compiled
-programs, `trace_counts`).
+programs).
 
-The cache is slot-per-row (`sampling/slots.py`) with more rows in flight
-(`slots`) than the decode batch (`decode_batch`): rows waiting for a tool
-keep their context in their cache row but take no decode slot, which goes
-to a row that is ready. A paged cache would pack contexts tighter, but it
-needs a page table and gathering pages on every attention step; with one
+The device is the sampler's (`device.Maker`): on a `Sampler`, rows of its
+slot cache (`sampling/slots.py`), with more rows in flight (`slots`) than
+the decode batch (`decode_batch`): rows waiting for a tool keep their
+context in their cache row but take no decode slot, which goes to a row
+that is ready. A paged cache would pack contexts tighter, but it needs a
+page table and gathering pages on every attention step; with one
 contiguous row per trajectory the decoder's cached path stays as it is
 (plus a per-row write index), and each program gathers its rows' live
 prefix once per chunk.
 
-Exactness: a row's key is fold_in(key(row_seed(seed, trajectory, turn)),
-0) and each token's folds in its position, as in `loop.RolloutLoop`: the
-tokens depend on the row alone, never on its slot or neighbours, and the
-turn logic (false stops, answers, caps, observations) is the loop's own.
+Exactness: a row's draw depends on the row alone (`turns.draw`: the seed
+of its trajectory, turn and stretch; each token's key folds in its
+position), never on its slot or neighbours; the turn logic is
+`turns.py`'s, which the tests' lock-step oracle composes too.
 """
 
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import time
 
 from swirl_jax import config_lib
-from swirl_jax.rollout import loop
-from swirl_jax.rollout.records import Turn
-from swirl_jax.rollout import slot_device
+from swirl_jax.rollout import turns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,58 +43,36 @@ class EngineConfig(config_lib.FromConfig):
   tool_workers: int = 16  # Threads running single tool calls.
   append_tokens: int = 64  # Prompt/observation tokens per append call.
   # Compile every program a rollout can call when the cache is first
-  # allocated, so none compiles mid-rollout (`SlotDevice.precompile`).
+  # allocated, so none compiles mid-rollout (`Device.precompile`).
   precompile: bool = False
 
 
-@dataclasses.dataclass
-class _Live(loop._Row):  # pylint: disable=protected-access
-  index: int = 0  # Position in the rollout's pairs.
-  slot: int = -1
-  phase: str = "pending"  # prefill | decode | tool | append | done
-  turn_no: int = 0
-  seg: int = 0  # Continuations of this turn after false stops.
-  seg_tokens: list = dataclasses.field(default_factory=list)
-  seg_lps: list = dataclasses.field(default_factory=list)
-  budget: int = 0  # New tokens left in this turn.
-  length: int = 0  # Tokens of context in the cache.
-  start_s: float = 0.0
-  call: tuple | None = None  # (tool, argument, final) being run.
+class RolloutEngine(turns.Schedule):
+  """Trajectories of (task, sample) pairs, with a sampler, a tokenizer
+  and tools.
 
-
-class RolloutEngine(loop.RolloutLoop):
-  """`RolloutLoop`'s rollouts (same records), trajectory by trajectory.
-
-  The device work goes to the sampler's own rollout device when it has one
-  (`sampler.rollout_device(decode_batch, chunk_steps)`: the scripted
-  sampler's), else to `slot_device.make`'s: a `SlotDevice` on the
-  `Sampler`'s model, or one per data group of its mesh (`slots` and
-  `decode_batch` are then each group's). `metrics` describe the last
-  rollout (see `loop.rollout_metrics`; also `idle_s`, time with nothing to
-  decode while tools ran).
+  `sampler.device(decode_batch, chunk_steps, append_tokens)` gives the
+  device: a `Sampler`'s slot cache (one per data group of its mesh:
+  `slots` and `decode_batch` are then each group's) or a scripted
+  sampler's script. `metrics` describe the last rollout (see
+  `turns.rollout_metrics`; also `idle_s`, time with nothing to decode
+  while tools ran).
   """
 
-  def __init__(self, sampler, tokenizer, tools, config: loop.RolloutConfig,
+  def __init__(self, sampler, tokenizer, tools, config: turns.RolloutConfig,
                engine: EngineConfig = EngineConfig()):
-    super().__init__(sampler, tokenizer, tools, config)
     if not 0 < engine.decode_batch <= engine.slots:
       raise ValueError(f"decode_batch {engine.decode_batch} must be in "
                        f"1..slots ({engine.slots})")
+    super().__init__(tokenizer, tools, config)
     self.engine = engine
-    make = getattr(sampler, "rollout_device", None)
-    self.device = (make or functools.partial(
-        slot_device.make, sampler, append_tokens=engine.append_tokens))(
-            engine.decode_batch, engine.chunk_steps)
-
-  @property
-  def trace_counts(self) -> collections.Counter:
-    return self.device.trace_counts
+    self.device = sampler.device(engine.decode_batch, engine.chunk_steps,
+                                 engine.append_tokens)
 
   @property
   def shapes(self) -> collections.Counter:
+    """Program calls of the last rollout by shape (`Device.shapes`)."""
     return self.device.shapes
-
-  # -- the engine loop --
 
   def run_pairs(self, pairs, stop_admitting=None):
     """One trajectory per (task, sample index), in the order of `pairs`.
@@ -105,8 +81,7 @@ class RolloutEngine(loop.RolloutLoop):
     once it returns True no further pair is started (those in flight
     finish), and only the started pairs' trajectories are returned.
     """
-    rows = [_Live(traj=r.traj, index=i)
-            for i, r in enumerate(self._rows(pairs))]
+    rows = turns.new_rows(pairs, self.tokenizer, self.config.fmt)
     if not rows:
       return []
     for r in rows:
@@ -114,9 +89,9 @@ class RolloutEngine(loop.RolloutLoop):
     self._stats, t0 = collections.Counter(), time.perf_counter()
     free = list(range(self.device.open(len(rows), self.engine.slots)))
     if self.engine.precompile:
-      self.device.precompile(self.config, self.stops)
+      self.device.precompile(self.stops)
     pending, live, started = collections.deque(rows), [], []
-    futures: dict[concurrent.futures.Future, tuple] = {}
+    futures: dict[concurrent.futures.Future, turns.Row] = {}
     with concurrent.futures.ThreadPoolExecutor(
         self.engine.tool_workers) as pool:
       while pending or live:
@@ -132,8 +107,24 @@ class RolloutEngine(loop.RolloutLoop):
             pending.clear()
     self.device.close()
     self._stats["not_started"] = len(rows) - len(started)
-    self.metrics = loop.rollout_metrics(started, self._stats, t0)
+    self.metrics = turns.rollout_metrics(started, self._stats, t0)
     return [r.traj for r in sorted(started, key=lambda r: r.index)]
+
+  def _check_prompt(self, row: turns.Row) -> None:
+    n = len(row.traj.prompt_ids)
+    if not 0 < n < self.device.limit:
+      raise ValueError(f"prompt of {row.traj.task_id} has {n} tokens; the "
+                       f"KV cache holds {self.device.limit} "
+                       "(SamplerConfig.max_cache_len)")
+
+  def _admit(self, row: turns.Row, slot: int) -> turns.Row:
+    row.slot, row.phase, row.start_s = slot, "prefill", time.perf_counter()
+    self._start_turn(row, 0)
+    return row
+
+  def _start_turn(self, row: turns.Row, turn_no: int) -> None:
+    turns.start_turn(row, turn_no, self.turn_budget(row.traj, turn_no),
+                     self.config)
 
   def _device_step(self, live, futures, pool) -> None:
     """Prefills and appends the arrived rows, then one decode chunk of
@@ -143,7 +134,10 @@ class RolloutEngine(loop.RolloutLoop):
       group = [r for r in live if r.phase == phase]
       if group:
         self.device.append(group, fresh)
-        self._appended(group, fresh)
+        for r in group:
+          turns.appended(r, fresh)
+          if not fresh:
+            self._start_turn(r, r.turn_no + 1)
     t2 = time.perf_counter()
     self._stats["append_s"] += t2 - t1
     ready = [r for r in live if r.phase == "decode"]
@@ -155,23 +149,6 @@ class RolloutEngine(loop.RolloutLoop):
       self._stats["decode_s"] += time.perf_counter() - t2
     elif futures:
       self._collect(futures, block=True)
-
-  def _check_prompt(self, row: _Live) -> None:
-    n = len(row.traj.prompt_ids)
-    if not 0 < n < self.device.limit:
-      raise ValueError(f"prompt of {row.traj.task_id} has {n} tokens; the "
-                       f"KV cache holds {self.device.limit} "
-                       "(SamplerConfig.max_cache_len)")
-
-  def _admit(self, row: _Live, slot: int) -> _Live:
-    row.slot, row.phase, row.start_s = slot, "prefill", time.perf_counter()
-    row.obs = list(row.traj.prompt_ids)
-    self._start_turn(row, 0)
-    return row
-
-  def _start_turn(self, row: _Live, turn_no: int) -> None:
-    row.turn, row.turn_no, row.seg = Turn(), turn_no, 0
-    row.budget = self._budget(row, turn_no)
 
   # -- tools --
 
@@ -196,75 +173,43 @@ class RolloutEngine(loop.RolloutLoop):
       text, took = f.result()
       self._stats["tool_wait_s"] += took
       self._stats["tool_calls"] += 1
-      self._take_result(row, row.call, text)
-      self._after_turn(row)
+      turns.take_result(row, text, self.observe)
+      self._end_turn(row)
 
-  def _after_turn(self, row: _Live) -> None:
-    """A turn is over (its observation, if any, is set): end the row,
-    append the observation, or go on to the next turn."""
-    self._turn_cap(row, row.turn_no)
-    self._check_room(row, self.device.limit - row.length)
-    if row.done:
-      row.phase, row.end_s = "done", time.perf_counter()
-    elif row.obs:
-      row.phase = "append"
-    else:
-      row.phase = "decode"
+  def _end_turn(self, row: turns.Row) -> None:
+    turns.end_turn(row, self.config, self.device.limit - row.length)
+    if row.phase == "decode":  # No observation: the next turn at once.
       self._start_turn(row, row.turn_no + 1)
 
   # -- decoding --
 
-  def _appended(self, rows: list[_Live], fresh: bool) -> None:
-    for r in rows:
-      r.length = len(r.obs) if fresh else r.length + len(r.obs)
-      r.obs, r.phase = None, "decode"
-      if not fresh:
-        self._start_turn(r, r.turn_no + 1)
-
-  def _decode(self, rows: list[_Live]) -> list[_Live]:
+  def _decode(self, rows: list[turns.Row]) -> list[turns.Row]:
     """One chunk of decode steps; returns the rows that now call a tool."""
     todo = []
     for r in rows:
       if self.device.limit - r.length <= 0:  # No slot left for a token.
-        self._end_segment(r, "cache_full")
+        self._end_stretch(r, "cache_full")
       else:
         todo.append(r)
     if todo:
-      self._decode_rows(todo)
+      out, slot_steps = self.device.decode(
+          todo, [turns.draw(r, self.config) for r in todo], self.stops)
+      self._stats["slot_steps"] += slot_steps
+      self._stats["decode_chunks"] += 1
+      for r, (tokens, lps, why) in zip(todo, out):
+        why = turns.take_decoded(r, tokens, lps, why, self.device.limit)
+        if why is not None:
+          self._end_stretch(r, why)
     return [r for r in rows if r.phase == "tool"]
 
-  def _decode_rows(self, rows: list[_Live]) -> None:
-    c = self.config
-    seeds = [loop.row_seed(c.seed, r.traj.id, r.turn_no + 1000 * r.seg)
-             for r in rows]
-    out, slot_steps = self.device.decode(rows, seeds, c, self.stops)
-    self._stats["slot_steps"] += slot_steps
-    self._stats["decode_chunks"] += 1
-    for r, (tokens, lps, why) in zip(rows, out):
-      n = len(tokens)
-      r.seg_tokens += tokens
-      r.seg_lps += lps
-      r.budget, r.length = r.budget - n, r.length + n
-      if why == "length" and r.budget > 0:
-        if r.length < self.device.limit:
-          continue  # The chunk ended, the turn did not.
-        why = "cache_full"
-      self._end_segment(r, why)
-
-  def _end_segment(self, row: _Live, why: str) -> None:
-    """A sampled stretch ended (as one `generate` of the loop would)."""
-    t = row.turn
-    t.action_ids += row.seg_tokens
-    t.action_logprobs += [float(x) for x in row.seg_lps]
-    t.text += self.device.text(row, row.seg_tokens, why, self.stops)
-    t.stop_reason = why
-    row.seg_tokens, row.seg_lps = [], []
-    if self._false_stop(t, row.budget):
-      row.seg += 1  # Fresh randomness, same turn.
+  def _end_stretch(self, row: turns.Row, why: str) -> None:
+    text = self.device.text(row, row.seg_tokens, why, self.stops)
+    if turns.end_stretch(row, text, why, self.config):
       self._stats["false_stops"] += 1
       return
-    row.call = self._record_turn(row)
-    if row.call is not None and not row.done:
+    if turns.record_turn(row, self.parse, self.config,
+                         self.observe) is not None and not row.done:
       row.phase = "tool"
     else:
-      self._after_turn(row)
+      self._end_turn(row)
+

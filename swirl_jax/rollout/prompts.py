@@ -70,3 +70,27 @@ def observation_frame(tokenizer, fmt: str) -> tuple[str, str]:
   after = text.split(_A, 1)[1]
   before, suffix = after.split(_O, 1)
   return before, suffix
+
+
+def prompt_ids(tokenizer, task: Task, fmt: str,
+               tools=None) -> tuple[str, list[int]]:
+  """A task's prompt, rendered by the chat template, and its ids."""
+  text = tokenizer.apply_chat_template(messages(task, fmt, tools),
+                                       add_generation_prompt=True)
+  return text, tokenizer.encode(text)
+
+
+def observation_ids(tokenizer, frame: tuple[str, str], obs: str,
+                    action_ids: list[int]) -> list[int]:
+  """The ids of a tool result in its `observation_frame`, after an action
+  that may have ended with an EOS."""
+  before, after = frame
+  eos = set(getattr(tokenizer, "eos_ids", ()) or ())
+  # The model's own EOS already closed its turn: do not close it twice.
+  if action_ids and action_ids[-1] in eos and before:
+    closing = tokenizer.encode_continuation(before)
+    if closing and closing[0] == action_ids[-1]:
+      before = tokenizer.decode(closing[1:])
+  # Tool output is plain text: it cannot fake a turn boundary.
+  enc = tokenizer.encode_continuation
+  return enc(before) + enc(obs, allow_special=False) + enc(after)

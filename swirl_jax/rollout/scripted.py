@@ -1,75 +1,36 @@
-"""A sampler that replays fixed texts: the rollout loop without a model.
+"""A sampler that replays fixed texts: rollouts without a model.
 
-It speaks the `Sampler` interface the loop uses (`generate`, `extend`,
-`select`), tokenising each scripted turn with the real tokenizer, so loop
-logic, records and masks can be checked exactly; demonstrations of
-synthetic tasks are recorded with it too.
+`ScriptedSampler` gives the rollout engine a `ScriptedDevice` (a
+`device.Device` with no cache), which tokenises each scripted turn with
+the real tokenizer, so turn logic, records and masks can be checked
+exactly; demonstrations of synthetic tasks are recorded with it too.
+`replaying` replays recorded turn lengths and actions on a real model.
 """
 
 import collections
-import dataclasses
-from typing import Callable, Sequence
-
-import numpy as np
-
-
-@dataclasses.dataclass
-class ScriptedState:
-  rows: list[int]  # Script index of each row.
-  turns: list[int]  # Next turn of each row.
-  consumed: bool = False
-
-  @property
-  def num_rows(self) -> int:
-    return len(self.rows)
-
-
-@dataclasses.dataclass
-class ScriptedResult:
-  tokens: list[list[int]]
-  logprobs: list[np.ndarray]
-  texts: list[str]
-  stop_reasons: list[str | None]
-  matched_stops: list[str | None]
-  state: ScriptedState
+from typing import Callable
 
 
 class ScriptedSampler:
-  """Row i of the first `generate` replays `script(i, turn)` each turn.
+  """Row i of a rollout (its i-th pair) replays `script(i, k)` as its k-th
+  stretch. `script(row, turn) -> str` gives the text ('' ends it with
+  EOS); a text is cut after its first stop string, as a sampler would.
+  `limit`: the context a row holds (a model's cache would)."""
 
-  `script(row, turn) -> str` gives the text of that turn ('' ends it with
-  EOS). A text is cut after its first stop string, as a sampler would.
-  """
+  def __init__(self, tokenizer, script: Callable[[int, int], str],
+               limit: int = 2 ** 31 - 1):
+    self.tokenizer, self.script, self.limit = tokenizer, script, limit
+    self.extended: list[list[list[int]]] = []  # Observations, per append.
 
-  def __init__(self, tokenizer, script: Callable[[int, int], str]):
-    self.tokenizer, self.script = tokenizer, script
-    self.extended: list[list[list[int]]] = []  # Observations seen, per call.
-
-  def generate(self, prompts=None, max_new_tokens=256, stop_strings=(),
-               temperature=0.0, top_k=0, top_p=1.0, seed=None, *,
-               state: ScriptedState | None = None,
-               rows: Sequence[int] | None = None) -> ScriptedResult:
-    del temperature, top_k, top_p, seed
-    if state is None:
-      state = ScriptedState(list(range(len(prompts))), [0] * len(prompts))
-    n = state.num_rows
-    budget = np.broadcast_to(np.asarray(max_new_tokens), (n,))
-    active = range(n) if rows is None else rows
-    out = ScriptedResult([[] for _ in range(n)], [np.zeros(0)] * n,
-                         [""] * n, [None] * n, [None] * n, state)
-    for j in active:
-      ids, text, reason, matched = self.turn(state.rows[j], state.turns[j],
-                                             int(budget[j]), stop_strings)
-      state.turns[j] += 1
-      out.tokens[j], out.texts[j] = ids, text
-      out.logprobs[j] = np.full(len(ids), -0.5, np.float32)
-      out.stop_reasons[j], out.matched_stops[j] = reason, matched
-    return out
+  def device(self, decode_batch: int, chunk_steps: int,
+             append_tokens: int = 64) -> "ScriptedDevice":
+    del chunk_steps, append_tokens  # A stretch comes whole.
+    return ScriptedDevice(self, decode_batch)
 
   def turn(self, row: int, turn: int, budget: int, stop_strings):
-    """(ids, text, stop reason, matched stop) of one scripted stretch."""
+    """(ids, text, stop reason) of one scripted stretch."""
     text = self.script(row, turn)
-    reason, matched = "eos", None
+    reason = "eos"
     hits = [(text.find(s), s) for s in stop_strings if s in text]
     if hits:
       pos, matched = min(hits)
@@ -78,34 +39,19 @@ class ScriptedSampler:
     if reason == "eos":
       ids = ids + [self.tokenizer.eos_id]
     if len(ids) > budget:
-      ids, reason, matched = ids[:budget], "length", None
+      ids, reason = ids[:budget], "length"
       text = self.tokenizer.decode(ids)
-    return ids, text, reason, matched
-
-  def rollout_device(self, decode_batch: int, chunk_steps: int):
-    """What the rollout engine decodes with: this script, row by row."""
-    del chunk_steps
-    return ScriptedDevice(self, decode_batch)
-
-  def extend(self, state: ScriptedState, observations) -> ScriptedState:
-    self.extended.append([list(o or []) for o in observations])
-    return state
-
-  def select(self, state: ScriptedState, rows) -> ScriptedState:
-    return ScriptedState([state.rows[r] for r in rows],
-                         [state.turns[r] for r in rows])
+    return ids, text, reason
 
 
 class ScriptedDevice:
-  """The rollout engine's device for a `ScriptedSampler`: no cache; row i
-  of a rollout (its i-th pair) replays `script(i, k)` as its k-th
-  stretch, as it would as row i of the loop's first `generate`."""
-
-  limit = 2 ** 31 - 1  # No cache to fill.
+  """A `device.Device` replaying a `ScriptedSampler`'s script: no cache,
+  no programs; each row's k-th decode is its k-th scripted stretch."""
 
   def __init__(self, sampler: ScriptedSampler, decode_batch: int):
     self.sampler, self.decode_batch = sampler, decode_batch
-    self.trace_counts = self.shapes = collections.Counter()  # No programs.
+    self.limit = sampler.limit
+    self.shapes = collections.Counter()  # No programs.
     self._turns: dict[int, int] = {}
     self._texts: dict[int, str] = {}
 
@@ -116,8 +62,12 @@ class ScriptedDevice:
   def close(self) -> None:
     pass
 
-  def precompile(self, config, stop_strings) -> None:
-    del config, stop_strings  # No programs.
+  def precompile(self, stop_strings) -> None:
+    del stop_strings  # No programs.
+
+  def lowerable(self, slots: int, stop_strings) -> dict:
+    del slots, stop_strings
+    return {}
 
   def select(self, ready: list) -> list:
     return ready[:self.decode_batch]
@@ -126,14 +76,14 @@ class ScriptedDevice:
     if not fresh:
       self.sampler.extended.append([list(r.obs) for r in rows])
 
-  def decode(self, rows, seeds, config, stop_strings):
-    del seeds, config
+  def decode(self, rows, draws, stop_strings):
+    del draws
     out = []
     for r in rows:
       k = self._turns.get(r.index, 0)
       self._turns[r.index] = k + 1
-      ids, text, reason, _ = self.sampler.turn(r.index, k, r.budget,
-                                               stop_strings)
+      ids, text, reason = self.sampler.turn(
+          r.index, k, min(r.budget, self.limit - r.length), stop_strings)
       self._texts[r.index] = text
       out.append((ids, [-0.5] * len(ids), reason))
     return out, len(rows) * max(len(o[0]) for o in out)
@@ -145,12 +95,12 @@ class ScriptedDevice:
 
 def replaying(base, lengths: Callable[[str, int], int],
               action: Callable[[str, int], object]):
-  """`base` (a `RolloutLoop` or `RolloutEngine` class) with turns replayed:
-  turn k of trajectory `traj_id` samples up to `lengths(traj_id, k)` real
-  model tokens and then acts as `action(traj_id, k)` (a
-  `parsing.ParsedTurn`) says, whatever the tokens read. Decode cost, tool
-  calls and trajectory shapes follow a recording; the tokens stay the
-  model's own."""
+  """`base` (a class with the engine's `turn_budget` and `parse` hooks)
+  with turns replayed: turn k of trajectory `traj_id` samples up to
+  `lengths(traj_id, k)` real model tokens and then acts as
+  `action(traj_id, k)` (a `parsing.ParsedTurn`) says, whatever the tokens
+  read. Decode cost, tool calls and trajectory shapes follow a recording;
+  the tokens stay the model's own."""
 
   class Replayed(base):
 

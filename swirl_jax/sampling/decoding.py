@@ -1,4 +1,4 @@
-"""Prefill, extend and decode: pure functions of (params, cache, ...).
+"""Extend and decode: pure functions of (params, cache, ...).
 
 The cache holds every token of every row's context, the sampled ones too:
 each decode step samples a token from the logits it carries and writes that
@@ -10,11 +10,10 @@ Positions are read from the cache itself (a row's next position is one past
 its last valid slot), so continuing is only (cache, logits); rows never see
 another row's padding because padded slots stay invalid.
 
-Jit these with `cfg` (and the static sizes) closed over; `Sampler` does.
+`slots.py` jits them over rows of its slot cache.
 """
 
-import collections
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -113,16 +112,6 @@ def extend(params, cfg: ModelConfig, cache: decoder.Cache, tokens_BT,
   return constrain_cache(cache), logits
 
 
-def prefill(params, cfg: ModelConfig, tokens_BT, mask_BT, cache_len: int,
-            cache_dtype: str | None = None):
-  """Prompts (padded, mask_BT False on padding) -> (cache, last logits)."""
-  if tokens_BT.shape[1] > cache_len:
-    raise ValueError(f"prompts of {tokens_BT.shape[1]} slots do not fit a "
-                     f"cache of {cache_len}")
-  cache = decoder.init_cache(cfg, tokens_BT.shape[0], cache_len, cache_dtype)
-  return extend(params, cfg, constrain_cache(cache), tokens_BT, mask_BT)
-
-
 def _step(params, cfg: ModelConfig, sp: SamplingParams, stop: StopSpec,
           carry):
   """Sample one token per active row, then write it into the cache."""
@@ -197,19 +186,6 @@ def decode(params, cfg: ModelConfig, cache: decoder.Cache, logits_BV,
   reason_B = jnp.where(active_B, CACHE_FULL, reason_B)
   return DecodeOut(constrain_cache(cache), logits_BV, state_B, tokens_BN,
                    lps_BN, num_B, reason_B)
-
-
-def count_traces(counts: collections.Counter, name: str,
-                 fn: Callable) -> Callable:
-  """`fn`, adding 1 to `counts[name]` each time jax traces it.
-
-  Jit what it returns: a program's trace count is how often it compiled,
-  which the samplers report as `trace_counts`.
-  """
-  def traced(*args):
-    counts[name] += 1  # Runs once per trace, not per call.
-    return fn(*args)
-  return traced
 
 
 def decode_rules(rules):

@@ -1,28 +1,20 @@
-"""`Sampler`: batched, multi-turn generation from token ids.
+"""`Sampler`: batched generation from token ids, on the slot cache.
 
-One turn of a rollout is `generate` (sample until each row stops), then the
-host parses the text, runs tools and `extend`s each row with its observation
-tokens, and `generate(state=...)` continues: the earlier context stays in the
-KV cache and is never recomputed.
+`generate` samples one stretch for every prompt until each stops (an EOS,
+a stop string, its token budget or a full cache): it prefills the prompts
+into the rows of a slot cache (`slots.py`) sized for the call, decodes
+them together and reads the tokens, log-probs and texts back. The rollout
+engine runs the same cache and programs, trajectory by trajectory, on the
+device `Sampler.device` gives it; the Sampler also holds what both need of
+the model: its params on the decode mesh, EOS ids, stop tables and the
+detokeniser.
 
-Shapes are bucketed so a run compiles few programs: the batch, prompt and
-observation lengths, the cache length and the new-token buffer are each
-rounded up to a bucket from `SamplerConfig`. Prompts are left-padded; padded
-slots are invalid in the cache, and every row keeps its own positions.
-
-States are used once: `generate` and `extend` donate the cache they are given
-(it is updated in place), so keep only the state they return.
-
-The module (~590 lines) holds the one sampler the jobs and the rollout
-engine share: its config, bucketing, program cache and the generate /
-extend / select entry points read as one contract; the decode kernels live
-in `decoding.py` and the engine's slot cache in `slots.py`.
+Sizes are bucketed so a run compiles few programs: rows, prompt pieces,
+the cache prefix a program reads and the decode steps are each rounded up
+to a bucket from `SamplerConfig`.
 """
 
-import collections
 import dataclasses
-import functools
-import math
 from typing import Sequence
 
 import jax
@@ -34,7 +26,8 @@ from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, loading
 from swirl_jax.models.config import ModelConfig
-from swirl_jax.sampling import decoding, stops
+from swirl_jax.sampling import decoding, slots, stops
+from swirl_jax.sampling.device import Draw, SlotRow
 from swirl_jax.shapes import bucket
 
 _POW2 = tuple(2 ** i for i in range(21))
@@ -74,48 +67,12 @@ class SamplerConfig(config_lib.FromConfig):
 
 
 @dataclasses.dataclass
-class SamplerState:
-  """A batch of contexts in a KV cache, between turns.
-
-  Attributes:
-    cache: the model's KV cache (device), batch padded to a bucket.
-    logits_BV: next-token logits of every row (device).
-    stop_state_B: stop-string matcher state of every row (device).
-    lengths: [rows] tokens in each row's context, i.e. its next position.
-    index: cache slots used so far (padding included), same for all rows.
-    seeds, salts: [rows] each row's PRNG key is fold_in(key(seed), salt).
-    stop_strings: what `stop_state_B` is matching.
-  """
-  cache: dict
-  logits_BV: jax.Array
-  stop_state_B: jax.Array
-  lengths: np.ndarray
-  index: int
-  seeds: np.ndarray
-  salts: np.ndarray
-  stop_strings: tuple[str, ...] = ()
-  consumed: bool = False
-
-  @property
-  def num_rows(self) -> int:
-    return len(self.lengths)
-
-  @property
-  def cache_len(self) -> int:
-    return int(self.cache["valid"].shape[1])
-
-  @property
-  def padded_batch(self) -> int:
-    return int(self.cache["valid"].shape[0])
-
-
-@dataclasses.dataclass
 class GenerateResult:
-  """One turn for every row of the state ([] / None for rows not sampled).
+  """One stretch for every prompt.
 
   Attributes:
     tokens: the new token ids; the last is the EOS or the token that
-      completed the stop string, and the cache ends exactly there.
+      completed the stop string.
     logprobs: float32 log-prob of each token under the distribution it was
       drawn from (after temperature / top-k / top-p; greedy: the model's).
     texts: the tokens' text (a final EOS left out), cut after the first
@@ -123,14 +80,12 @@ class GenerateResult:
       tokenizer or token table.
     stop_reasons: 'eos' | 'stop' | 'length' | 'cache_full'.
     matched_stops: the stop string a 'stop' row ended with.
-    state: the state to `extend` and continue from.
   """
   tokens: list[list[int]]
   logprobs: list[np.ndarray]
   texts: list[str] | None
-  stop_reasons: list[str | None]
+  stop_reasons: list[str]
   matched_stops: list[str | None]
-  state: SamplerState
 
 
 def _per_row(value, n: int, name: str, dtype) -> np.ndarray:
@@ -142,16 +97,26 @@ def _per_row(value, n: int, name: str, dtype) -> np.ndarray:
   return arr
 
 
+def eos_buffer(ids) -> np.ndarray:
+  """EOS ids as the decode programs take them: int32, padded with -1 to a
+  power of two (at least 8), so one program serves any tokenizer's."""
+  ids = [] if ids is None else ([ids] if isinstance(ids, int) else ids)
+  out = np.full((bucket(max(len(ids), 1), _POW2[3:]),), -1, np.int32)
+  out[:len(ids)] = ids
+  return out
+
+
 class Sampler:
-  """Holds the model, tokenizer and config; jits and runs `decoding`.
+  """Holds the model, tokenizer and config; generates on the slot cache.
 
   Args:
-    params: the model's params (placed / sharded already).
+    params: the model's params (any layout; None: set later).
     cfg: its ModelConfig.
     tokenizer: optional; gives EOS ids, token bytes for stop strings and
       texts (any object with `eos_ids` and `token_bytes(i)` or `decode`).
     config: a SamplerConfig.
-    mesh: shard rows over the mesh's batch axes ('data', 'fsdp').
+    mesh: a ('data', 'tensor') mesh of this host's devices to decode on
+      (None: `decode_mesh`, from the config).
     rules: logical-axis rules for the mesh.
     token_bytes: the token -> bytes table, instead of the tokenizer's.
   """
@@ -163,12 +128,16 @@ class Sampler:
     if mesh is None:
       mesh = decode_mesh(config, cfg)
     self.config, self.mesh, self.rules = config, mesh, rules
-    self.params = params
+    self._params = None
+    if params is not None:
+      self.params = params
     self._token_bytes_src = token_bytes
     self._token_bytes = None
     self._stop_tables: dict[tuple[str, ...], jax.Array] = {}
-    self._eos = self._eos_ids()
-    self.programs = _programs(cfg, config.cache_dtype, mesh, rules)
+    ids = config.eos_ids
+    if ids is None and tokenizer is not None:
+      ids = getattr(tokenizer, "eos_ids", None)
+    self.eos_ids = eos_buffer(cfg.eos_token_id if ids is None else ids)
 
   @property
   def params(self):
@@ -182,63 +151,20 @@ class Sampler:
     (the trainer's): this host's copy, laid out for its decode mesh,
     device to device (`distributed.to_local`)."""
     if self.mesh is not None or jax.process_count() > 1:
-      params = distributed.to_local(params, self._layout(
+      mesh = self.mesh or shd.make_mesh([("one", 1)],
+                                        jax.local_devices()[:1])
+      params = distributed.to_local(params, decoding.param_shardings(
+          self.cfg, mesh, self.rules,
           split=isinstance(params["layers"], (tuple, list))))
     self._params = _split_layers(params)
 
-  def _layout(self, split: bool):
-    """The params' shardings on the decode mesh (no mesh: this host's
-    first device)."""
-    mesh = self.mesh or shd.make_mesh([("one", 1)], jax.local_devices()[:1])
-    return decoding.param_shardings(self.cfg, mesh, self.rules, split)
+  def device(self, decode_batch: int, chunk_steps: int,
+             append_tokens: int = 64, limit: int = 0):
+    """A `device.Device` on this model: `slots.make`'s (rows of a slot
+    cache of `limit` tokens each, default `max_cache_len`)."""
+    return slots.make(self, decode_batch, chunk_steps, append_tokens, limit)
 
-  @property
-  def trace_counts(self) -> collections.Counter:
-    """Traces (= compilations) per program, shared by like Samplers."""
-    return self.programs.trace_counts
-
-  def _run(self, fn, *args):
-    if self.mesh is None:
-      return fn(*args)
-    with shd.use_mesh(self.mesh, self.rules):
-      return fn(*args)
-
-  def _put(self, x):
-    """A host batch-major array, rows over the mesh's batch axes."""
-    if self.mesh is None:
-      return jnp.asarray(x)
-    x = np.asarray(x)
-    return jax.device_put(x, shd.data_sharding(self.mesh, x.ndim, self.rules,
-                                               x.shape))
-
-  # -- sizes --
-
-  def _batch_size(self, n: int) -> int:
-    b = bucket(n, self.config.batch_buckets)
-    if self.mesh is not None:  # Whole rows on every batch shard.
-      table = dict(self.rules)
-      axes = table.get("batch") or ()
-      axes = (axes,) if isinstance(axes, str) else axes
-      dp = math.prod(self.mesh.shape.get(a, 1) for a in axes)
-      b = dp * math.ceil(b / dp)
-    return b
-
-  def _cache_size(self, need: int) -> int:
-    return min(bucket(need, self.config.cache_buckets),
-               self.config.max_cache_len)
-
-  def _eos_ids(self) -> np.ndarray:
-    ids = self.config.eos_ids
-    if ids is None and self.tokenizer is not None:
-      ids = getattr(self.tokenizer, "eos_ids", None)
-    if ids is None:
-      ids = self.cfg.eos_token_id
-    ids = [] if ids is None else ([ids] if isinstance(ids, int) else ids)
-    out = np.full((bucket(max(len(ids), 1), _POW2[3:]),), -1, np.int32)
-    out[:len(ids)] = ids
-    return out
-
-  # -- token bytes and stop strings --
+  # -- token bytes, stop strings, texts --
 
   def token_bytes(self) -> list[bytes] | None:
     """The token -> bytes table (built once), None without a source."""
@@ -252,7 +178,9 @@ class Sampler:
       self._token_bytes = stops.token_byte_table(src, self.cfg.vocab_size)
     return self._token_bytes
 
-  def _stop_table(self, stop_strings: tuple[str, ...]) -> jax.Array:
+  def stop_table(self, stop_strings: tuple[str, ...]) -> jax.Array:
+    """`stops.stop_table` of `stop_strings` as the decode programs take
+    it: states padded to a bucket, int16 where they fit."""
     if stop_strings not in self._stop_tables:
       table = self.token_bytes()
       if stop_strings and table is None:
@@ -265,260 +193,94 @@ class Sampler:
       self._stop_tables[stop_strings] = jnp.asarray(t.astype(dtype))
     return self._stop_tables[stop_strings]
 
-  # -- states --
-
-  def start(self, prompts: Sequence[Sequence[int]], seed=0,
-            room: int = 0) -> SamplerState:
-    """Prefills `prompts` (token ids, at least one each) into a new state.
-
-    Args:
-      prompts: one list of token ids per row.
-      seed: an int (row r gets fold_in(key(seed), r)) or one seed per row
-        (row r gets fold_in(key(seed[r]), 0), whatever the batch holds).
-      room: free slots wanted after the prompts (the cache grows later
-        when needed; this only saves a copy).
-    """
-    n = len(prompts)
-    if n == 0:
-      raise ValueError("no prompts")
-    lens = np.asarray([len(p) for p in prompts])
-    limit = self.config.max_cache_len
-    for i, ln in enumerate(lens):
-      if ln == 0:
-        raise ValueError(f"prompt {i} is empty")
-      if ln > limit:
-        raise ValueError(
-            f"prompt {i} has {ln} tokens; the KV cache holds {limit} "
-            "(SamplerConfig.max_cache_len)")
-    P = min(bucket(int(lens.max()), self.config.length_buckets), limit)
-    S = self._cache_size(P + room)
-    B = self._batch_size(n)
-    tokens = np.zeros((B, P), np.int32)
-    mask = np.zeros((B, P), bool)
-    for i, p in enumerate(prompts):  # Left-padded.
-      tokens[i, P - len(p):] = p
-      mask[i, P - len(p):] = True
-    cache, logits = self._run(self.programs.prefill, self.params,
-                              self._put(tokens), self._put(mask), S)
-    return SamplerState(cache, logits, self._put(np.zeros(B, np.int32)),
-                        lens.astype(np.int64), P, **self._seeds(seed, n))
-
-  def _use(self, state: SamplerState) -> SamplerState:
-    if state.consumed:
-      raise ValueError("this SamplerState was already used (its cache was "
-                       "donated): continue from the state last returned")
-    state.consumed = True
-    return state
-
-  def _ensure_room(self, state: SamplerState, need: int) -> dict:
-    """The cache, grown to a bigger bucket when `need` slots do not fit."""
-    need = min(need, self.config.max_cache_len)
-    if need <= state.cache_len:
-      return state.cache
-    return self._run(self.programs.resize, state.cache, self._cache_size(need))
-
-  def room(self, state: SamplerState) -> int:
-    """Cache slots left to every row (they share one write index)."""
-    return self.config.max_cache_len - state.index
-
-  def extend(self, state: SamplerState,
-             observations: Sequence[Sequence[int] | None]) -> SamplerState:
-    """Appends each row's tokens (None / [] adds none) to its context."""
-    if len(observations) != state.num_rows:
-      raise ValueError(f"{len(observations)} observations for "
-                       f"{state.num_rows} rows")
-    obs = [list(o) if o is not None else [] for o in observations]
-    lens = np.asarray([len(o) for o in obs])
-    T = int(lens.max())
-    if T == 0:
-      return state
-    room = self.room(state)
-    if T > room:
-      raise ValueError(
-          f"observations of up to {T} tokens do not fit: {state.index} of "
-          f"{self.config.max_cache_len} cache slots are used "
-          "(SamplerConfig.max_cache_len)")
-    state = self._use(state)
-    T = min(bucket(T, self.config.length_buckets), room)
-    cache = self._ensure_room(state, state.index + T)
-    B = state.padded_batch
-    tokens = np.zeros((B, T), np.int32)
-    mask = np.zeros((B, T), bool)
-    for i, o in enumerate(obs):
-      if o:
-        tokens[i, T - len(o):] = o
-        mask[i, T - len(o):] = True
-    cache, logits = self._run(self.programs.extend, self.params, cache,
-                              state.logits_BV, self._put(tokens),
-                              self._put(mask))
-    touched = np.zeros(B, bool)
-    touched[:len(obs)] = lens > 0
-    stop_state = jnp.where(self._put(touched), 0, state.stop_state_B)
-    return dataclasses.replace(state, cache=cache, logits_BV=logits,
-                               stop_state_B=stop_state,
-                               lengths=state.lengths + lens,
-                               index=state.index + T, consumed=False)
-
-  def select(self, state: SamplerState, rows: Sequence[int]) -> SamplerState:
-    """A state of only `rows` (in that order), in a batch bucket that fits."""
-    rows = [int(r) for r in rows]
-    if not rows:
-      raise ValueError("select: no rows")
-    state = self._use(state)
-    B = self._batch_size(len(rows))
-    idx = np.zeros(B, np.int32)
-    idx[:len(rows)] = rows
-    keep = np.arange(B) < len(rows)
-    cache, logits, stop_state = self._run(
-        self.programs.take, state.cache, state.logits_BV, state.stop_state_B,
-        self._put(idx), self._put(keep))
-    return dataclasses.replace(
-        state, cache=cache, logits_BV=logits, stop_state_B=stop_state,
-        lengths=state.lengths[rows], seeds=state.seeds[rows],
-        salts=state.salts[rows], consumed=False)
+  def detokenize(self, tokens: Sequence[int], reason: str,
+                 stop_strings: Sequence[str]) -> tuple[str | None,
+                                                       str | None]:
+    """(text, matched stop string) of a sampled stretch: a final EOS left
+    out, cut after its stop string; (None, None) without token bytes."""
+    table = self.token_bytes()
+    if table is None:
+      return None, None
+    if reason == "eos" and tokens and tokens[-1] in self.eos_ids:
+      tokens = tokens[:-1]
+    text = b"".join(table[j] for j in tokens).decode("utf-8", "replace")
+    if reason != "stop":
+      return text, None
+    # A stop string begun in an earlier stretch is not in this text.
+    return stops.cut_at_stop(text, stop_strings,
+                             self.config.keep_stop_string)
 
   # -- generation --
 
-  def generate(self, prompts: Sequence[Sequence[int]] | None = None,
+  def generate(self, prompts: Sequence[Sequence[int]],
                max_new_tokens=256, stop_strings: Sequence[str] = (),
-               temperature=0.0, top_k=0, top_p=1.0, seed=None, *,
-               state: SamplerState | None = None,
-               rows: Sequence[int] | None = None) -> GenerateResult:
-    """Samples one turn for every row (or `rows`) until each stops.
+               temperature=0.0, top_k=0, top_p=1.0,
+               seed=None) -> GenerateResult:
+    """Samples one stretch for every prompt until each stops.
 
     Args:
-      prompts: token ids per row, to start new contexts; or None with
-        `state` to continue.
+      prompts: token ids per row (at least one each).
       max_new_tokens: int, or one per row.
-      stop_strings: texts that end a row's turn (matched across tokens).
+      stop_strings: texts that end a row (matched across tokens).
       temperature: 0 is greedy; int/float or one per row (as are top_k,
         top_p).
       top_k: keep the k most likely tokens; 0 is off.
       top_p: nucleus mass; 1 is off.
-      seed: see `start`; None continues with the state's seeds (0 new).
-      state: continue these contexts (consumed; use the returned one).
-      rows: sample only these rows; the others stay as they are.
-
-    Returns:
-      A GenerateResult; `.state` continues the contexts.
+      seed: an int (row r gets fold_in(key(seed), r)) or one seed per row
+        (row r gets fold_in(key(seed[r]), 0), whatever the batch holds);
+        None is 0.
     """
-    if (prompts is None) == (state is None):
-      raise ValueError("pass prompts to start, or state to continue")
-    n = len(prompts) if state is None else state.num_rows
+    n, c = len(prompts), self.config
+    if n == 0:
+      raise ValueError("no prompts")
+    for i, p in enumerate(prompts):
+      if not len(p):
+        raise ValueError(f"prompt {i} is empty")
+      if len(p) > c.max_cache_len:
+        raise ValueError(
+            f"prompt {i} has {len(p)} tokens; the KV cache holds "
+            f"{c.max_cache_len} (SamplerConfig.max_cache_len)")
     max_new = _per_row(max_new_tokens, n, "max_new_tokens", np.int32)
-    active = np.zeros(n, bool)
-    active[list(range(n)) if rows is None else list(rows)] = True
-    most = int(max_new[active].max(initial=0))
-    if state is None:
-      state = self.start(prompts, 0 if seed is None else seed, room=most)
-    elif seed is not None:
-      state = dataclasses.replace(state, **self._seeds(seed, n))
-    stop_strings = tuple(stop_strings)
-    stop_state = state.stop_state_B
-    state = self._use(state)
-    if stop_strings != state.stop_strings:
-      stop_state = jnp.zeros_like(stop_state)
-    cache = self._ensure_room(state, state.index + most)
-    out = self._run(self.programs.decode, self.params, cache, state.logits_BV,
-                    self._pad(active, state), stop_state,
-                    self._sampling(state, temperature, top_k, top_p),
-                    self._stop_spec(state, max_new, stop_strings),
-                    bucket(max(most, 1), self.config.step_buckets))
-    return self._result(state, out, active, stop_strings)
+    rows = [SlotRow(i, list(p), int(m))
+            for i, (p, m) in enumerate(zip(prompts, max_new))]
+    limit = min(bucket(max(len(r.obs) + r.budget for r in rows),
+                       c.cache_buckets), c.max_cache_len)
+    groups = 1 if self.mesh is None else self.mesh.shape.get("data", 1)
+    device = self.device(
+        bucket(-(-n // groups), c.batch_buckets),
+        bucket(max(int(max_new.max()), 1), c.step_buckets),
+        min(bucket(max(len(r.obs) for r in rows), c.length_buckets),
+            limit), limit)
+    device.open(n, bucket(n, c.batch_buckets))
+    device.append(rows, fresh=True)
+    for r in rows:
+      r.length = len(r.obs)
+    # One chunk is as long as the longest budget: every row ends in it.
+    out, _ = device.decode(rows, self._draws(n, seed, temperature, top_k,
+                                             top_p), tuple(stop_strings))
+    device.close()
+    reasons = [("cache_full" if why == "length" and len(t) < r.budget
+                else why) for r, (t, _, why) in zip(rows, out)]
+    texts = [self.detokenize(t, why, stop_strings)
+             for (t, _, _), why in zip(out, reasons)]
+    return GenerateResult(
+        [t for t, _, _ in out], [np.asarray(lp, np.float32)
+                                 for _, lp, _ in out],
+        None if self.token_bytes() is None else [t for t, _ in texts],
+        reasons, [m for _, m in texts])
 
-  def _seeds(self, seed, n: int) -> dict:
+  def _draws(self, n: int, seed, temperature, top_k, top_p) -> list[Draw]:
+    seed = 0 if seed is None else seed
     if np.ndim(seed) == 0:
-      return dict(seeds=np.full((n,), seed, np.int64), salts=np.arange(n))
-    return dict(seeds=_per_row(seed, n, "seed", np.int64),
-                salts=np.zeros(n, np.int64))
-
-  def _pad(self, x: np.ndarray, state: SamplerState, fill=0):
-    out = np.full((state.padded_batch,), fill, x.dtype)
-    out[:len(x)] = x
-    return self._put(out)
-
-  def _sampling(self, state, temperature, top_k, top_p):
-    n = state.num_rows
-    keys = _row_keys(self._pad(state.seeds.astype(np.uint32), state),
-                     self._pad(state.salts.astype(np.uint32), state))
-    return decoding.SamplingParams(
-        keys,
-        self._pad(_per_row(temperature, n, "temperature", np.float32), state),
-        self._pad(_per_row(top_k, n, "top_k", np.int32), state),
-        self._pad(_per_row(top_p, n, "top_p", np.float32), state, 1.0))
-
-  def _stop_spec(self, state, max_new, stop_strings):
-    return decoding.StopSpec(self._pad(max_new, state),
-                             jnp.asarray(self._eos),
-                             self._stop_table(stop_strings))
-
-  def _result(self, state: SamplerState, out: decoding.DecodeOut,
-              active: np.ndarray, stop_strings) -> GenerateResult:
-    n = state.num_rows
-    # Rows sharded over a multi-host mesh: every host gets them all.
-    tokens_BN, lps_BN, num_B, reason_B, index = distributed.to_host(
-        (out.tokens_BN, out.logprobs_BN, out.num_B, out.reason_B,
-         out.cache["index"]))
-    num_B = num_B[:n]
-    toks = [tokens_BN[i, :num_B[i]].tolist() for i in range(n)]
-    reasons = [decoding.REASONS[r] if a else None
-               for r, a in zip(reason_B[:n], active)]
-    texts, matched = self._texts(toks, reasons, stop_strings)
-    new = dataclasses.replace(
-        state, cache=out.cache, logits_BV=out.logits_BV,
-        stop_state_B=out.stop_state_B, lengths=state.lengths + num_B,
-        index=int(index), stop_strings=stop_strings, consumed=False)
-    return GenerateResult(toks, [lps_BN[i, :num_B[i]] for i in range(n)],
-                          texts, reasons, matched, new)
-
-  def _texts(self, toks, reasons, stop_strings):
-    table = self.token_bytes()
-    matched = [None] * len(toks)
-    if table is None:
-      return None, matched
-    eos = set(self._eos.tolist())
-    texts = []
-    for i, (t, why) in enumerate(zip(toks, reasons)):
-      if why == "eos" and t and t[-1] in eos:
-        t = t[:-1]
-      text = b"".join(table[j] for j in t).decode("utf-8", "replace")
-      if why == "stop":
-        # A stop string begun in an earlier call is not in this text.
-        text, matched[i] = stops.cut_at_stop(
-            text, stop_strings, self.config.keep_stop_string)
-      texts.append(text)
-    return texts, matched
-
-
-class _Programs:
-  """The jitted programs for one (model config, cache dtype, mesh).
-
-  Samplers of the same model share them, so a new Sampler (e.g. with the
-  params of the latest training step) compiles nothing.
-  """
-
-  def __init__(self, cfg: ModelConfig, cache_dtype: str | None):
-    self.trace_counts = collections.Counter()
-    counted = functools.partial(decoding.count_traces, self.trace_counts)
-
-    def prefill(params, tokens, mask, cache_len):
-      return decoding.prefill(params, cfg, tokens, mask, cache_len,
-                              cache_dtype)
-
-    def extend(params, cache, logits, tokens, mask):
-      return decoding.extend(params, cfg, cache, tokens, mask, logits)
-
-    def decode(params, cache, logits, active, state, sp, stop, max_steps):
-      return decoding.decode(params, cfg, cache, logits, active, state, sp,
-                             stop, max_steps)
-
-    self.prefill = jax.jit(counted("prefill", prefill), static_argnums=3)
-    # The cache and logits are donated: updated in place, never copied.
-    self.extend = jax.jit(counted("extend", extend), donate_argnums=(1, 2))
-    self.decode = jax.jit(counted("decode", decode), static_argnums=7,
-                          donate_argnums=(1, 2))
-    self.resize = jax.jit(counted("resize", _resize), static_argnums=1)
-    self.take = jax.jit(counted("take", _take_rows))
+      seeds, salts = np.full(n, seed, np.int64), np.arange(n)
+    else:
+      seeds, salts = _per_row(seed, n, "seed", np.int64), np.zeros(n, int)
+    return [Draw(int(s), float(t), int(k), float(p), int(a))
+            for s, a, t, k, p in zip(
+                seeds, salts, _per_row(temperature, n, "temperature",
+                                       np.float32),
+                _per_row(top_k, n, "top_k", np.int32),
+                _per_row(top_p, n, "top_p", np.float32))]
 
 
 def decode_layout(host_devices: int, cfg: ModelConfig, tensor_parallel: int,
@@ -552,42 +314,4 @@ def decode_mesh(config: SamplerConfig, cfg: ModelConfig):
                        jax.local_devices()[:d * t])
 
 
-_PROGRAMS: dict[tuple, _Programs] = {}
 _split_layers = jax.jit(decoder.split_layers)
-
-
-def _programs(cfg: ModelConfig, cache_dtype, mesh, rules) -> _Programs:
-  # The mesh and rules are part of the key because model code reads them
-  # when it is traced.
-  key = (cfg, cache_dtype, mesh, tuple(rules))
-  if key not in _PROGRAMS:
-    _PROGRAMS[key] = _Programs(cfg, cache_dtype)
-  return _PROGRAMS[key]
-
-
-def _row_keys(seeds_B, salts_B):
-  return jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(
-      seeds_B, salts_B)
-
-
-def _resize(cache, length: int):
-  """The cache with `length` slots per row (new slots empty)."""
-  pad = length - cache["valid"].shape[1]
-  grow = lambda x, axis: jnp.pad(x, [(0, pad if a == axis else 0)
-                                     for a in range(x.ndim)])
-  return decoding.constrain_cache(dict(
-      cache, k=tuple(grow(x, 3) for x in cache["k"]),
-      v=tuple(grow(x, 2) for x in cache["v"]),
-      pos=grow(cache["pos"], 1), valid=grow(cache["valid"], 1)))
-
-
-def _take_rows(cache, logits_BV, stop_state_B, idx_B, keep_B):
-  """Rows `idx_B` of everything; rows with keep_B False become empty."""
-  cache = dict(cache, k=tuple(x[idx_B] for x in cache["k"]),
-               v=tuple(x[idx_B] for x in cache["v"]),
-               pos=cache["pos"][idx_B],
-               valid=cache["valid"][idx_B] & keep_B[:, None])
-  return (decoding.constrain_cache(cache), logits_BV[idx_B],
-          stop_state_B[idx_B])
-
-

@@ -1,13 +1,18 @@
 """SimpleTIR oversampling: more prompts drawn than an iteration needs, and
 groups taken as they complete.
 
-An iteration draws ceil(prompts_per_step * oversample) prompts and runs
-their G samples each through the rollout engine. Each group (one prompt's
-G samples) is scored the moment its last sample ends; once `prompts_per_step`
-complete groups pass the group filters (nonzero reward variance, accuracy
-band), the engine starts no further pair. The iteration keeps every complete
-group (the filters then drop the others, as without oversampling); groups
-cut short by the stop are not used.
+An iteration draws ceil(prompts_per_step * oversample) prompts (SimpleTIR's
+`oversample_multiplier`) and runs their G samples each through the rollout
+engine. On one host each group (one prompt's G samples) is scored the
+moment its last sample ends; once `prompts_per_step` complete groups pass
+the group filters (nonzero reward variance, accuracy band), the engine
+starts no further pair, and groups cut short by the stop are not used. On
+several hosts every drawn group runs (stopping early would need the hosts
+to agree on each group as it ends). Either way `keep_passing` then keeps
+the first `prompts_per_step` passing groups in draw order, so an
+iteration trains on at most that many prompts on any host count (the
+failing groups stay for the iteration's statistics; the filters drop
+them from the loss).
 """
 
 import math
@@ -45,14 +50,38 @@ class BandGroups:
     return self.passing >= self.want
 
   def passes(self, rewards) -> bool:
-    r = np.asarray(rewards, np.float64)
-    keep = np.ones(len(r), bool)
-    if self.g.drop_zero_variance:
-      keep &= adv_lib.nonzero_variance_filter(r, self.G)
-    if self.g.accuracy_band:
-      lo, hi = self.g.accuracy_band
-      keep &= adv_lib.accuracy_band_filter(r, self.G, lo=lo, hi=hi)
-    return bool(keep.all())
+    return passes(rewards, self.G, self.g)
+
+
+def passes(rewards, group_size: int, groups_config) -> bool:
+  """Whether one group's rewards pass the group filters."""
+  r = np.asarray(rewards, np.float64)
+  keep = np.ones(len(r), bool)
+  if groups_config.drop_zero_variance:
+    keep &= adv_lib.nonzero_variance_filter(r, group_size)
+  if groups_config.accuracy_band:
+    lo, hi = groups_config.accuracy_band
+    keep &= adv_lib.accuracy_band_filter(r, group_size, lo=lo, hi=hi)
+  return bool(keep.all())
+
+
+def surplus(rewards, groups_config, want: int) -> np.ndarray:
+  """Row flags of the passing groups after the first `want` (rows in
+  groups of G, in order): an iteration trains on `want` prompts."""
+  G = groups_config.group_size
+  out, kept = np.zeros(len(rewards), bool), 0
+  for i in range(0, len(rewards), G):
+    if passes(rewards[i:i + G], G, groups_config):
+      kept += 1
+      out[i:i + G] = kept > want
+  return out
+
+
+def keep_passing(trajs, groups_config, want: int):
+  """Scored complete groups (G rows each, in order) without the `surplus`
+  ones."""
+  drop = surplus([t.reward or 0.0 for t in trajs], groups_config, want)
+  return [t for t, d in zip(trajs, drop) if not d]
 
 
 def complete_groups(trajs, group_size: int):

@@ -17,7 +17,9 @@ import sys
 
 import numpy as np
 from matplotlib.figure import Figure  # No pyplot: no global backend.
+from matplotlib.ticker import MaxNLocator
 
+from swirl_jax import jsonl
 from swirl_jax.rollout.records import read_jsonl
 
 # Rollout statistics and diagnostics, logged with every step of an
@@ -60,6 +62,29 @@ def iterations(workdir) -> list[dict]:
     row["ratio_max"] = max(ratios) if ratios else None
     rows.append(row)
   return rows
+
+
+def validations(workdir) -> list[dict]:
+  """The training job's validation records, in order: `val_iteration`
+  (the policy after that many iterations) and its `val_<set>_avg@k` /
+  `pass@k` figures."""
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  return [m for m in read_jsonl(str(path)) if "val_iteration" in m] \
+      if path.exists() else []
+
+
+def _val_keys(vals) -> list[str]:
+  return sorted({k for v in vals for k in v
+                 if k.startswith("val_") and k != "val_iteration"})
+
+
+def validation_table(vals) -> str:
+  keys = _val_keys(vals)
+  lines = ["| iteration | " + " | ".join(keys) + " |",
+           "|" + "---|" * (len(keys) + 1)]
+  lines += [f"| {int(v['val_iteration'])} | " + " | ".join(
+      _fmt(v.get(k)) for k in keys) + " |" for v in vals]
+  return "\n".join(lines)
 
 
 def _fmt(v) -> str:
@@ -111,41 +136,65 @@ def compare_table(runs: dict[str, list[dict]]) -> str:
   return "\n".join(lines)
 
 
-# One quantity per panel: (title, {label: key}); a panel plots the keys
-# the run logged.
+# One quantity per panel: (title, y-axis label, {label: key}); a panel
+# plots the keys the run logged.
 _PANELS = (
-    ("reward", {"reward": "reward"}),
-    ("void rate", {"void rate": "void_rate"}),
-    ("turns per trajectory", {"turns": "turns"}),
-    ("share of turns calling a tool", {"tool calls": "tool_call_rate"}),
-    ("share of tokens with p < 1e-3", {"void": "low_p_share_void",
-                                       "non-void": "low_p_share_nonvoid"}),
-    ("grad-norm (before clipping)", {"update": "grad_norm",
-                                     "void rows": "grad_norm_void",
-                                     "kept rows": "grad_norm_kept"}),
-    ("sampler-trainer k3 KL", {"mismatch": "mismatch_kl"}),
+    ("reward", "mean reward", {"reward": "reward"}),
+    ("void rate", "share of rollouts", {"void rate": "void_rate"}),
+    ("turns per trajectory", "turns", {"turns": "turns"}),
+    ("share of turns calling a tool", "share", {"tool calls":
+                                                "tool_call_rate"}),
+    ("share of tokens with p < 1e-3", "share",
+     {"void": "low_p_share_void", "non-void": "low_p_share_nonvoid"}),
+    ("grad-norm (before clipping)", "L2 norm",
+     {"update": "grad_norm", "void rows": "grad_norm_void",
+      "kept rows": "grad_norm_kept"}),
+    ("sampler-trainer k3 KL", "KL (nats)", {"mismatch": "mismatch_kl"}),
 )
+# Rates and shares: a fixed [0, 1] range, with 0 and 1 off the frame.
+_UNIT = {"reward", "void_rate", "tool_call_rate", "low_p_share_void",
+         "low_p_share_nonvoid"}
 
 
-def _plot(rows, path):
-  panels = [(t, ks) for t, ks in _PANELS
-            if any(r.get(k) is not None for r in rows for k in ks.values())]
+def _y_range(ax, keys, values) -> None:
+  """[0, 1] for rates and shares, else from 0 to a margin above the
+  maximum: a constant series reads as its value (no 0.96-1.04 range)."""
+  if all(k in _UNIT or k.startswith("val_") for k in keys):
+    ax.set_ylim(-0.04, 1.04)
+    return
+  lo, hi = min(min(values), 0.0), max(max(values), 0.0)
+  span = (hi - lo) or 1.0  # All zero: 0 to 1.
+  ax.set_ylim(lo - 0.04 * span, hi + 0.08 * span)  # 0 off the frame.
+
+
+def _plot(rows, path, vals=()):
+  panels = [p for p in _PANELS if any(
+      r.get(k) is not None for r in rows for k in p[2].values())]
+  if vals:  # Held-out avg@k / pass@k, at the iterations validated.
+    rows = list(rows) + [{"iteration": int(v["val_iteration"]), **v}
+                         for v in vals]
+    panels.append(("validation (held out)", "accuracy",
+                   {k[len("val_"):]: k for k in _val_keys(vals)}))
   ncol = 2
   nrow = -(-len(panels) // ncol)
   fig = Figure(figsize=(9, 2.6 * nrow))
   axes = fig.subplots(nrow, ncol, squeeze=False).reshape(-1)
-  for ax, (title, keys) in zip(axes, panels):
+  for ax, (title, ylabel, keys) in zip(axes, panels):
+    drawn, values = 0, []
     for label, key in keys.items():
       pts = [(r["iteration"], r[key]) for r in rows
              if r.get(key) is not None]
       if pts:
         ax.plot(*zip(*pts), marker="o", ms=3, label=label)
+        drawn, values = drawn + 1, values + [v for _, v in pts]
+    _y_range(ax, keys.values(), values)
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel("iteration")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("iteration (metrics.jsonl)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    if len(keys) > 1:
-      ax.legend(fontsize=8)
+    if drawn > 1:
+      ax.legend(fontsize=7)
   for ax in axes[len(panels):]:
     ax.set_visible(False)
   fig.tight_layout()
@@ -155,13 +204,16 @@ def _plot(rows, path):
 def write(workdir) -> str:
   """Writes report.md and reward.png into `workdir`; returns the table."""
   work = pathlib.Path(workdir)
-  rows = iterations(work)
+  rows, vals = iterations(work), validations(work)
   table = curve_table(rows)
   if rows:
-    _plot(rows, work / "reward.png")
+    _plot(rows, work / "reward.png", vals)
+  val = (f"\nValidation (held out, the policy after each iteration "
+         f"count):\n\n{validation_table(vals)}\n" if vals else "")
   (work / "report.md").write_text(
-      f"# SimpleTIR run: {work}\n\nPer iteration (reward.png):\n\n{table}\n")
-  return table
+      f"# SimpleTIR run: {work}\n\nPer iteration (reward.png):\n\n{table}\n"
+      + val)
+  return table + (f"\n\n{validation_table(vals)}" if vals else "")
 
 
 def main(argv) -> None:
@@ -169,7 +221,11 @@ def main(argv) -> None:
     raise SystemExit(__doc__)
   named = [a.split("=", 1) if "=" in a else [pathlib.Path(a).name, a]
            for a in argv[1:]]
-  runs = {name: iterations(path) for name, path in named}
+  try:
+    runs = {name: iterations(path) for name, path in named}
+  except (FileNotFoundError, jsonl.FormatError) as e:  # One line, status 2.
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
   if len(runs) == 1:
     print(write(named[0][1]))
     return

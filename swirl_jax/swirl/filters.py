@@ -18,6 +18,7 @@ The outcome test is per trajectory by nature: all its units share it.
 import collections
 from typing import Any, Sequence
 
+from swirl_jax import errors
 from swirl_jax.rollout.records import StepUnit
 
 STRATEGIES = ("none", "process", "outcome", "process_outcome")
@@ -80,3 +81,26 @@ def _report(units, keep, strategy, granularity) -> dict[str, Any]:
       trajectories_kept_wrong=sum(
           1 for t in kept_steps if outcome[t] is False),
   )
+
+
+class NothingKept(errors.UserError, ValueError):
+  """A filter kept no step: stage 2 and SFT have nothing to train on."""
+
+
+def nothing_kept(path: str, strategy: str, report: dict | None,
+                 judge: str, samples: int) -> NothingKept:
+  """The one-line error for a filter that kept no step: why (the judge's
+  GOOD rate, stage 1's accuracy) and the knobs that change it."""
+  why = ""
+  if report and report.get("steps_in"):
+    n, good = report["steps_in"], report.get("steps_judged_good", 0)
+    why = (f": the {judge} judge called {good} of {n} steps GOOD "
+           f"(GOOD rate {good / n:.3f})")
+    if strategy in ("outcome", "process_outcome"):
+      why += (f", {report.get('trajectories_kept', 0)} of "
+              f"{report.get('trajectories_in', 0)} trajectories kept")
+  return NothingKept(
+      f"{path}: the {strategy!r} filter kept no step{why}; try "
+      "--config.filter.strategy=none, another judge (--config.judge.kind, "
+      "--config.judge.threshold) or more stage 1 samples "
+      f"(--config.stage1.samples, now {samples})")

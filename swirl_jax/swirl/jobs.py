@@ -21,12 +21,12 @@ import ml_collections
 import tqdm
 from absl import logging
 
-from swirl_jax import config_lib, distributed, judges, warmstart
+from swirl_jax import config_lib, distributed, judges, jsonl, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import (StepUnit, Trajectory, read_jsonl,
                                        write_jsonl)
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
@@ -73,7 +73,7 @@ def _rollout_loop(c, policy, tools, rc) -> engine_lib.RolloutEngine:
   cfg, params, tok = policy
   sampler = Sampler(params, cfg, tok, SamplerConfig.from_config(c.sampler))
   return engine_lib.RolloutEngine(
-      sampler, tok, tools, loop_lib.RolloutConfig.from_config(rc),
+      sampler, tok, tools, turns.RolloutConfig.from_config(rc),
       engine_lib.EngineConfig.from_config(c.get("engine") or {}))
 
 
@@ -90,16 +90,19 @@ def run_warmstart(c, workdir):
                               c.data.get("data_dir") or None, w.tasks)
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
                                cache_dir=str(pathlib.Path(workdir) /
-                                             "search_index"))
+                                             "search_index"),
+                               corpora=datasets.CORPORA)
   return warmstart.run(c, workdir, _without_eval_questions(c, tasks), tools)
 
 
 def run_stage1(c, workdir):
   work = pathlib.Path(workdir)
   tasks = _tasks(c, "train")
-  policy = loading.load_policy(_base(c, workdir), seed=c.seed)
+  # Tools before the policy: a missing corpus fails before any model loads.
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
-                               cache_dir=str(work / "search_index"))
+                               cache_dir=str(work / "search_index"),
+                               corpora=datasets.CORPORA)
+  policy = loading.load_policy(_base(c, workdir), seed=c.seed)
   s = c.stage1
   loop = _rollout_loop(c, policy, tools, dict(
       fmt="swirl", max_turns=s.max_turns, max_new_tokens=s.max_new_tokens,
@@ -234,7 +237,11 @@ def _units(c, workdir) -> list[StepUnit]:
     raise FileNotFoundError(f"{path}: missing; run the filter stage first")
   units = read_jsonl(str(path), StepUnit)
   if not units:
-    raise ValueError(f"{path}: the '{c.filter.strategy}' filter kept no step")
+    rep = path.parent / "report.json"
+    raise filters.nothing_kept(
+        str(path), c.filter.strategy, json.loads(rep.read_text()).get(
+            c.filter.strategy) if rep.exists() else None, c.judge.kind,
+        c.stage1.samples)
   return units
 
 
@@ -274,17 +281,20 @@ def _rl(c, workdir):
       if it >= c.rl_iterations:
         break
       sampler.params = trainer.sampling_params()
-      actions, rewards = stage2.unpack(distributed.run_shared(
-          lambda part: stage2.sample_and_score(  # pylint: disable=cell-var-from-loop
-              sampler, reward, part, s, seed=c.seed * 7919 + it),
-          batch_units, to_text=str, from_text=str, what="stage 2 samples"))
-      batch = stage2.rl_batch(batch_units, actions, rewards, s,
+      # Each host samples and scores its share of the states, and keeps
+      # them: the batch is built from every host's rows.
+      part = batch_units[distributed.host_block(len(batch_units),
+                                                even=False)]
+      actions, rewards = stage2.sample_and_score(
+          sampler, reward, part, s,
+          seed=distributed.mix_seed(c.seed, "stage2", it))
+      batch = stage2.rl_batch(part, actions, rewards, s,
                               mini_batch_size=tc.mini_batch_size or 1)
       if ref_fn is not None:
-        batch["ref_logprobs"] = distributed.to_host(ref_fn(ref_params,
-                                                           batch))
+        batch["ref_logprobs"] = ref_fn(ref_params, batch)
       trainer.update(batch, extra=dict(
-          stage2.reward_stats(rewards), iteration=float(it),
+          stage2.reward_stats(distributed.gather_rows(rewards)),
+          iteration=float(it),
           **probe.mismatch(trainer.policy_params(), batch)))
     ok = True
   finally:
@@ -313,53 +323,90 @@ def run_sft(c, workdir):
     return str(work / "hf")
 
 
+def _policy_dir(name: str, workdir) -> tuple[str, pathlib.Path]:
+  """(label, Hugging Face directory) of an `eval.policies` entry: a stage
+  of this workdir (<workdir>/<name>/hf) or 'label=DIR'."""
+  label, eq, path = name.partition("=")
+  if eq:
+    return label, pathlib.Path(path)
+  return name, pathlib.Path(workdir) / name / "hf"
+
+
 def _policy_cfg(c, name: str, workdir) -> ml_collections.ConfigDict:
   if name == "base":
     return _base(c, workdir)
-  hf = pathlib.Path(workdir) / name / "hf"
+  label, hf = _policy_dir(name, workdir)
   if not (hf / "config.json").exists():
-    raise FileNotFoundError(f"{hf}: no exported policy; run the {name} stage")
+    what = (f"run the {label} stage" if hf.parent.name == label else
+            "train it first, or point the entry at a Hugging Face "
+            "directory (eval.policies: 'label=DIR')")
+    raise FileNotFoundError(f"{hf}: no exported policy; {what}")
   m = ml_collections.ConfigDict(_base(c, workdir).to_dict())
   m.checkpoint, m.tokenizer = str(hf), str(hf)
   return m
 
 
-def run_eval(c, workdir):
+def _outcome_judge(c, judge):
+  """The judge's YES/NO on answers (`eval.llm_correct`), if it has a
+  model or an endpoint to ask."""
+  if not c.eval.get("llm_correct") or c.judge.kind == "programmatic":
+    return None
+  return judges.OutcomeJudge(judge)
+
+
+def run_eval(c, workdir, show=True):
+  """`show`: print the results table (off when the report, which holds
+  it, is printed next)."""
   work = pathlib.Path(workdir)
   tasks = _tasks(c, "eval")
   tools_cfg = ml_collections.ConfigDict(c.tools.to_dict())
   if c.eval.get("search_corpus"):  # Held-out questions, their own corpus.
     tools_cfg.search_corpus = c.eval.search_corpus
   tools = registry.from_config(tools_cfg, c.data.get("data_dir") or None,
-                               cache_dir=str(work / "search_index"))
+                               cache_dir=str(work / "search_index"),
+                               corpora=datasets.CORPORA)
   results, trajs = {}, {}
-  judge = None
+  judge = outcome = None
+  models = {}  # Every policy found before any is evaluated.
   for name in c.eval.policies:
-    if name != "base" and not (work / name / "hf").exists():
+    label, hf = _policy_dir(name, workdir)
+    if name != "base" and "=" not in name and not hf.exists():
       logging.warning("eval: skipping %s (not trained in %s)", name, work)
       continue
-    policy = loading.load_policy(_policy_cfg(c, name, workdir), seed=c.seed)
-    if judge is None:  # Process correctness by one fixed judge.
+    models[label] = _policy_cfg(c, name, workdir)
+  for label, model in models.items():
+    logging.info("eval %s: weights %s", label, model.checkpoint)
+    policy = loading.load_policy(model, seed=c.seed)
+    if judge is None:  # Process correctness by one fixed judge; a model
+      # judge without a checkpoint of its own is the base policy.
       base = loading.load_policy(_base(c, workdir), seed=c.seed) \
-          if c.judge.kind == "model" else None
+          if _borrows_policy(c.judge) else None
       judge = _judge(c.judge, tasks, base)
+      outcome = _outcome_judge(c, judge)
     loop = _rollout_loop(c, policy, tools, dict(
         fmt="swirl", max_turns=c.stage1.max_turns,
         max_new_tokens=c.stage1.max_new_tokens,
         max_response_tokens=c.stage1.max_response_tokens,
         temperature=c.eval.temperature, seed=c.seed))
-    trajs[name] = distributed.run_shared(
+    trajs[label] = distributed.run_shared(
         loop.run_pairs, [(t, 0) for t in tasks], to_text=Trajectory.to_json,
-        from_text=Trajectory.from_json, what=f"eval {name}")
-    checkers.score_trajectories(trajs[name], tasks)
-    results[name] = agent_eval.summarize(trajs[name], tasks, judge)
-    logging.info("eval %s: %s", name, results[name])
+        from_text=Trajectory.from_json, what=f"eval {label}")
+    checkers.score_trajectories(trajs[label], tasks)
+    results[label] = agent_eval.summarize(trajs[label], tasks, judge,
+                                          outcome_judge=outcome)
+    logging.info("eval %s: %s", label, results[label])
   # Runs sharing a workdir (the filter ablations) add their policies.
   merged = {**agent_eval.read(str(work / "eval")), **results}
+  weights_path = work / "eval" / "weights.json"  # Policy -> its weights.
+  weights = {**(json.loads(weights_path.read_text())
+                if weights_path.exists() else {}),
+             **{label: models[label].checkpoint for label in results}}
   with distributed.one_writer(f"{work / 'eval'}") as writing:
     if writing:
       agent_eval.write(str(work / "eval"), merged, trajs)
-  print(agent_eval.table(merged))
+      jsonl.write_bytes(weights_path, json.dumps(weights, indent=2).encode())
+  if show:
+    print(agent_eval.table(merged))
   return results
 
 
@@ -410,9 +457,10 @@ def run_pipeline(config, workdir):
   config = resolve(config)
   stages = _stage_list(config.stages)
   _check(config, stages)
-  for stage in stages:
+  for i, stage in enumerate(stages):
     logging.info("SWiRL stage %s", stage)
-    _RUN[stage](config, workdir)
+    quiet = stage == "eval" and "report" in stages[i:]  # Printed once.
+    _RUN[stage](config, workdir, **({"show": False} if quiet else {}))
 
 
 def stage_job(stage: str):

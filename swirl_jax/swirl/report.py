@@ -5,7 +5,9 @@
                      10/50/90th percentiles), the share of sampled actions
                      the reward model calls GOOD (their process
                      correctness) and the sampler-trainer mismatch
-  reward.png         those per step, one quantity per panel
+  reward.png         those per step (numbered as in metrics.jsonl and
+                     TensorBoard), one quantity per panel, every axis
+                     labelled, fixed ranges for rewards and shares
   judged_steps.png   two panels: the share of steps judged GOOD (stage 1
                      samples, the evaluated policies) and the share each
                      filter keeps
@@ -30,14 +32,14 @@ STEP_KEYS = ("reward", "reward_std", "reward_p10", "reward_p50", "reward_p90",
 
 
 def stage2_steps(work: pathlib.Path, rl_name: str = "rl") -> list[dict]:
-  """One row per stage 2 step (its first update's metrics), by `iteration`
-  (runs that logged none: by optimizer step)."""
+  """One row per stage 2 optimizer step, numbered as in metrics.jsonl and
+  TensorBoard (`step`); a step's reward figures are its iteration's."""
   path = work / rl_name / "metrics.jsonl"
   rows = {}
   for r in read_jsonl(str(path)) if path.exists() else []:
     if r.get("reward") is not None:
-      it = int(r.get("iteration", r["step"]))
-      rows.setdefault(it, dict({k: r.get(k) for k in STEP_KEYS}, step=it))
+      rows[int(r["step"])] = dict({k: r.get(k) for k in STEP_KEYS},
+                                  step=int(r["step"]))
   return [rows[k] for k in sorted(rows)]
 
 
@@ -60,29 +62,58 @@ def judged_shares(work: pathlib.Path) -> dict[str, dict[str, float]]:
   return {k: v for k, v in (("judged GOOD", good), ("kept", kept)) if v}
 
 
-_PANELS = (("reward", "reward: mean, median, 10-90th pct"),
-           ("reward_good_share", "share of sampled actions judged GOOD"),
-           ("mismatch_kl", "sampler-trainer k3 KL"),
-           ("grad_norm", "grad-norm before clipping"))
+# (key, title, y-axis label); a panel is drawn when the run logged its key.
+_PANELS = (("reward", "reward of the sampled actions", "P(GOOD)"),
+           ("reward_good_share", "share of sampled actions judged GOOD",
+            "share"),
+           ("mismatch_kl", "sampler-trainer k3 KL", "KL (nats)"),
+           ("grad_norm", "grad-norm before clipping", "L2 norm"))
+_UNIT_RANGE = (-0.04, 1.04)  # Rewards and shares: 0 and 1 off the frame.
+
+
+def _y_range(ax, key: str, values) -> None:
+  """A fixed range: [0, 1] for rewards and shares, else from 0 (or the
+  minimum) to a margin above the maximum, so a constant series reads as
+  the value it is, not as noise around it (matplotlib's 0.96-1.04)."""
+  if key.startswith("reward"):
+    ax.set_ylim(*_UNIT_RANGE)
+    return
+  lo, hi = min(min(values), 0.0), max(max(values), 0.0)
+  span = (hi - lo) or 1.0  # All zero: 0 to 1.
+  ax.set_ylim(lo - 0.04 * span, hi + 0.08 * span)  # 0 off the frame.
+
+
+def _reward_panel(ax, pts, x) -> None:
+  """Mean, median and mean ± std (clipped to [0, 1]): with 0/1 rewards the
+  10th/90th percentiles flip between 0 and 1 (the table keeps them)."""
+  mean = [r["reward"] for r in pts]
+  ax.plot(x, mean, marker="o", ms=3, label="mean")
+  if all(r.get("reward_std") is not None for r in pts):
+    std = [r["reward_std"] for r in pts]
+    ax.fill_between(x, [max(0.0, m - s) for m, s in zip(mean, std)],
+                    [min(1.0, m + s) for m, s in zip(mean, std)],
+                    alpha=0.2, label="mean ± std")
+  if all(r.get("reward_p50") is not None for r in pts):
+    ax.plot(x, [r["reward_p50"] for r in pts], ls="--", marker="s", ms=3,
+            lw=1, label="median")
+  ax.legend(fontsize=7, loc="best")
 
 
 def _plot_steps(rows, path):
-  panels = [(k, t) for k, t in _PANELS
-            if any(r.get(k) is not None for r in rows)]
+  panels = [p for p in _PANELS if any(r.get(p[0]) is not None for r in rows)]
   fig = Figure(figsize=(6, 2.4 * len(panels)))
   axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
-  for ax, (key, title) in zip(axes, panels):
+  for ax, (key, title, ylabel) in zip(axes, panels):
     pts = [r for r in rows if r.get(key) is not None]
     x = [r["step"] for r in pts]
-    ax.plot(x, [r[key] for r in pts], marker="o", ms=3)
-    if key == "reward" and all(r.get("reward_p90") is not None for r in pts):
-      ax.plot(x, [r["reward_p50"] for r in pts], ls="--", lw=1)
-      ax.fill_between(x, [r["reward_p10"] for r in pts],
-                      [r["reward_p90"] for r in pts], alpha=0.2)
-    if key.startswith("reward"):
-      ax.set_ylim(0, 1)
+    if key == "reward":
+      _reward_panel(ax, pts, x)
+    else:
+      ax.plot(x, [r[key] for r in pts], marker="o", ms=3)
+    _y_range(ax, key, [r[key] for r in pts])
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel("stage 2 step")
+    ax.set_xlabel("stage 2 step (metrics.jsonl, TensorBoard)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
   fig.tight_layout()
@@ -95,12 +126,15 @@ def _plot_shares(shares, path):
   fig = Figure(figsize=(6, 0.4 * n + 1.4 * len(shares)))
   axes = fig.subplots(len(shares), 1, squeeze=False,
                       height_ratios=[len(v) for v in shares.values()])[:, 0]
+  labels = {"judged GOOD": "set of steps", "kept": "filter"}
   for ax, (what, part) in zip(axes, shares.items()):
     names = list(part)
-    ax.barh(names, [part[k] for k in names])
-    ax.set_xlim(0, 1)
+    bars = ax.barh(names, [part[k] for k in names])
+    ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)
+    ax.set_xlim(0, 1.12)  # Room for a label beside a bar at 1.
     ax.invert_yaxis()
-    ax.set_xlabel(f"share of steps {what}")
+    ax.set_xlabel(f"share of steps {what}", fontsize=8)
+    ax.set_ylabel(labels.get(what, what), fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
 

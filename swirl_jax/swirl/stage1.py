@@ -5,9 +5,9 @@ caps, trajectories appended to JSONL shards one batch at a time. A rerun
 skips the (question, sample) pairs already on disk, so a killed run loses at
 most its in-flight batch and never writes a pair twice.
 
-Several hosts split each batch (`distributed.run_shared`); each appends its
+Several hosts split each batch (`distributed.run_local`); each appends its
 own trajectories to its own shards (`shard_N-hostH.jsonl`: one writer per
-file), and every host reads all shards. A row's sampling seed comes from the
+file) and keeps them, and every host reads all shards at the end. A row's sampling seed comes from the
 run seed and its (question, sample) only, so a rerun with another host count
 generates the same trajectories.
 """
@@ -77,16 +77,15 @@ def generate(loop: engine_lib.RolloutEngine, tasks: Sequence[Task],
     write_jsonl(_shard_path(out_dir, shard), trajs)
     return trajs
 
+  generated = len(done)
   for i in range(0, len(todo), per_batch):
-    trajs = distributed.run_shared(run, todo[i:i + per_batch],
-                                   to_text=Trajectory.to_json,
-                                   from_text=Trajectory.from_json,
-                                   what="stage 1 rollouts")
-    done += trajs
-    shard = len(done) // shard_size
+    batch = todo[i:i + per_batch]
+    distributed.run_local(run, batch, what="stage 1 rollouts")
+    generated += len(batch)
+    shard = generated // shard_size
     if progress is not None:
-      progress.update(len(trajs))
-  return done
+      progress.update(len(batch))
+  return _on_disk(out_dir) if todo else done
 
 
 def easy_tasks(trajs: Sequence[Trajectory], max_calls: int = 1) -> set[str]:

@@ -2,15 +2,16 @@
 
 For a batch of saved states the current policy samples G actions each,
 stopping at the end of one action; a generative reward model scores every
-(state, action) without the gold answer; the advantage is the reward minus
-the mean over the state's G samples (configurable); the shared step
-maximises the reward-weighted log-prob of each whole action, optionally
-with a KL term to the frozen initial policy. The SFT baseline trains on the
-saved actions of the same units with cross-entropy.
+(state, action) without the gold answer; the advantage is the reward
+itself, as the paper's objective E[R(a|s)] states it (`advantage='none'`),
+or the reward minus a baseline over the state's G samples ('mean', the
+CPU runs' and this module's default; 'leave_one_out'); the shared step
+maximises the advantage-weighted log-prob of each whole action,
+optionally with a KL term to the frozen initial policy. The SFT baseline
+trains on the saved actions of the same units with cross-entropy.
 """
 
 import dataclasses
-import json
 from typing import Sequence
 
 import numpy as np
@@ -29,7 +30,8 @@ class Stage2Config(config_lib.FromConfig):
   max_new_tokens: int = 256
   temperature: float = 1.0
   top_p: float = 1.0
-  advantage: str = "mean"  # none | mean | leave_one_out
+  # none (the paper's; its configs set it) | mean | leave_one_out.
+  advantage: str = "mean"
   max_len: int = 4096
 
 
@@ -78,30 +80,13 @@ def score_actions(judge, units: Sequence[StepUnit], actions: Actions,
 
 
 def sample_and_score(sampler, judge, units: Sequence[StepUnit],
-                     c: Stage2Config, seed: int) -> list[str]:
-  """Per state, its G sampled actions with their log-probs and rewards as
-  one JSON text: what hosts exchange when each samples its share of the
-  step's states (`distributed.run_shared`); `unpack` reads them back."""
-  g = c.samples_per_state
+                     c: Stage2Config, seed: int
+                     ) -> tuple[Actions, np.ndarray]:
+  """(G sampled actions per state, rewards [B, G]). On many hosts each
+  samples and scores its own share of a step's states and keeps them
+  (`rl_batch` builds the global batch from every host's rows)."""
   acts = sample_actions(sampler, units, c, seed)
-  rewards = score_actions(judge, units, acts, g)
-  rows = lambda i: range(i * g, (i + 1) * g)
-  return [json.dumps({
-      "ids": [list(map(int, acts.ids[r])) for r in rows(i)],
-      "logprobs": [np.asarray(acts.logprobs[r], np.float32).tolist()
-                   for r in rows(i)],
-      "texts": [acts.texts[r] for r in rows(i)],
-      "rewards": rewards[i].tolist()}) for i in range(len(units))]
-
-
-def unpack(texts: Sequence[str]) -> tuple[Actions, np.ndarray]:
-  """(Actions, rewards [B, G]) from `sample_and_score`'s texts, in order."""
-  states = [json.loads(t) for t in texts]
-  actions = Actions([ids for s in states for ids in s["ids"]],
-                    [np.asarray(lp, np.float32) for s in states
-                     for lp in s["logprobs"]],
-                    [t for s in states for t in s["texts"]])
-  return actions, np.asarray([s["rewards"] for s in states], np.float32)
+  return acts, score_actions(judge, units, acts, c.samples_per_state)
 
 
 def reward_stats(rewards_BG) -> dict[str, float]:
@@ -117,14 +102,16 @@ def reward_stats(rewards_BG) -> dict[str, float]:
 
 def rl_batch(units, actions: Actions, rewards_BG, c: Stage2Config, *,
              mini_batch_size: int):
-  """The step's batch: state (mask 0) + sampled action (mask 1) per row."""
+  """The step's batch: state (mask 0) + sampled action (mask 1) per row,
+  of every host's units end to end (each host passes its own)."""
   adv = adv_lib.stepwise_advantages(rewards_BG, c.advantage).reshape(-1)
   seqs = []
   for i, (ids, lps) in enumerate(zip(actions.ids, actions.logprobs)):
     u = units[i // c.samples_per_state]
     seqs.append(_sequence(u.state_ids, ids, lps))
-  return batching.collate(seqs, adv, row_multiple=mini_batch_size,
-                          min_rows=mini_batch_size, max_len=c.max_len)
+  return batching.collate_over_hosts(seqs, adv, row_multiple=mini_batch_size,
+                                    min_rows=mini_batch_size,
+                                    max_len=c.max_len)
 
 
 def sft_batch(units: Sequence[StepUnit], *, mini_batch_size: int,

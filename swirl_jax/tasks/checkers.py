@@ -18,6 +18,7 @@ also returns F1; `check_batch` checks many answers in parallel processes;
 
 import collections
 import fractions
+import functools
 import math
 import os
 import re
@@ -61,18 +62,21 @@ def _math_equal_here(args) -> bool:
   return bool(_plain(gold)) and _plain(gold) == _plain(predicted)
 
 
-_POOL = None
-_POOL_LOCK = threading.Lock()
+_POOL_LOCK = threading.Lock()  # Threads' first calls make one pool.
 
 
-def _pool(num_workers=None):
-  global _POOL
+def _pool() -> workers.WorkerPool:
+  """The process's checker workers, one per CPU, made on first use (the
+  same size whoever asks first)."""
   with _POOL_LOCK:
-    if _POOL is None:
-      _POOL = workers.WorkerPool(
-          _math_equal_here, num_workers=num_workers or os.cpu_count() or 2,
-          timeout_s=3 * MATH_TIMEOUT_S, initializer=_warm_up)
-    return _POOL
+    return _new_pool()
+
+
+@functools.cache
+def _new_pool() -> workers.WorkerPool:
+  return workers.WorkerPool(_math_equal_here, num_workers=os.cpu_count() or 2,
+                            timeout_s=3 * MATH_TIMEOUT_S,
+                            initializer=_warm_up)
 
 
 def _warm_up():
@@ -203,10 +207,8 @@ def score(task: records.Task, predicted: str | None) -> dict[str, float]:
   return {"correct": correct, "f1": correct}
 
 
-def check_batch(tasks, predictions,
-                num_workers: int | None = None) -> list[bool]:
-  """`check` over pairs; maths answers run in parallel worker processes
-  (`num_workers` sizes the shared pool when it is first made)."""
+def check_batch(tasks, predictions) -> list[bool]:
+  """`check` over pairs; maths answers run in parallel worker processes."""
   tasks, predictions = list(tasks), list(predictions)
   if len(tasks) != len(predictions):
     raise ValueError(f"{len(tasks)} tasks but {len(predictions)} predictions")
@@ -218,7 +220,7 @@ def check_batch(tasks, predictions,
     else:
       out[i] = check(t, p)
   if jobs:
-    results = _pool(num_workers).map([args for _, args in jobs],
+    results = _pool().map([args for _, args in jobs],
                                       timeout_s=3 * MATH_TIMEOUT_S)
     for (i, _), (ok, value) in zip(jobs, results):
       out[i] = bool(out[i]) or bool(ok and value)

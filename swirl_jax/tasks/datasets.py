@@ -12,35 +12,37 @@ where JSON would hold lists and dicts; they are parsed with
 
 A missing file fails in one line that names the data job command fetching
 it (`paths.data_file`; `configs/data.py` downloads the files); a malformed
-one fails with `path:line: reason` (`swirl_jax.jsonl`). Importing this
-module registers the synthetic world's search corpora
-('synthetic_multihop:<split>') with the tool registry.
+one fails with `path:line: reason` (`swirl_jax.jsonl`). `CORPORA` holds
+the synthetic world's search corpora ('synthetic_multihop:<split>'), for
+the tool registry (`registry.from_config(..., corpora=CORPORA)`).
 """
 
 import ast
 import dataclasses
 import functools
 import pathlib
+import types
 from typing import Callable
 
 import pyarrow
 import pyarrow.parquet as pq
 
+from swirl_jax import config_lib
 from swirl_jax import jsonl
 from swirl_jax import paths
 from swirl_jax.tasks import records
 from swirl_jax.tasks import synthetic
-from swirl_jax.tools import registry
 
 Task = records.Task
 
 # The data job's dataset that fetches each loader's files.
 _FETCH = {"gsm8k": "gsm8k", "hotpotqa": "hotpotqa", "musique": "",
-          "math": "math", "aime": "math"}
+          "math": "math", "aime": "math", "amc23": "math"}
 
-for _split, _seed in synthetic.SPLIT_SEEDS.items():
-  registry.register_corpus(f"synthetic_multihop:{_split}", functools.partial(
-      synthetic.multihop_corpus, seed=_seed))
+CORPORA = types.MappingProxyType({
+    f"synthetic_multihop:{split}": functools.partial(
+        synthetic.multihop_corpus, seed=seed)
+    for split, seed in synthetic.SPLIT_SEEDS.items()})
 
 
 def _path(data_dir, rel, what, source):
@@ -214,6 +216,16 @@ def load_aime(split: str = "2024", data_dir: str | None = None) -> list[Task]:
                            f"aime split {split!r}", "aime"), "aime", split)
 
 
+AMC_FILES = {"2023": "math/amc23.parquet"}
+
+
+def load_amc23(split: str = "test", data_dir: str | None = None
+               ) -> list[Task]:
+  """AMC 2023 (40 problems; SimpleTIR's code evaluates on it)."""
+  return _verl_tasks(_path(data_dir, AMC_FILES["2023"], "amc23", "amc23"),
+                     "amc23", split)
+
+
 # --------------------------------------------------------------- Registry.
 
 
@@ -240,6 +252,7 @@ DATASETS = {
     "aime": DatasetSpec(_files(load_aime), ("2024", "2025")),
     "aime24": DatasetSpec(_fixed(load_aime, "2024"), ("test",)),
     "aime25": DatasetSpec(_fixed(load_aime, "2025"), ("test",)),
+    "amc23": DatasetSpec(_files(load_amc23), ("test",)),
     # Synthetic sets are generated: `limit` is their size (default 100).
     "synthetic_arith": DatasetSpec(
         lambda split, _, limit: synthetic.arithmetic_tasks(
@@ -252,6 +265,24 @@ DATASETS = {
 }
 
 
+def check(name: str, split: str | None = None) -> str:
+  """The split `name` reads (its first when None); ConfigError naming the
+  valid datasets or splits otherwise. 'tfds:' names are not checked."""
+  if name.startswith("tfds:"):
+    return split or "test"
+  if name not in DATASETS:
+    raise config_lib.ConfigError(
+        f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))} "
+        "or 'tfds:<name>'")
+  spec = DATASETS[name]
+  split = spec.splits[0] if split is None else str(split)
+  if split not in spec.splits:
+    raise config_lib.ConfigError(
+        f"dataset {name!r} has no split {split!r}; splits: "
+        f"{', '.join(spec.splits)}")
+  return split
+
+
 def load_tasks(name: str, split: str | None = None,
                data_dir: str | None = None,
                limit: int | None = None) -> list[Task]:
@@ -259,15 +290,8 @@ def load_tasks(name: str, split: str | None = None,
   order, the first `limit` of them."""
   if name.startswith("tfds:"):
     return _load_tfds(name[len("tfds:"):], split or "test", limit)
-  if name not in DATASETS:
-    raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)} "
-                     "or 'tfds:<name>'")
-  spec = DATASETS[name]
-  split = spec.splits[0] if split is None else str(split)
-  if split not in spec.splits:
-    raise ValueError(f"dataset {name!r} has no split {split!r}; splits: "
-                     f"{spec.splits}")
-  tasks = spec.loader(split, data_dir, limit)
+  split = check(name, split)
+  tasks = DATASETS[name].loader(split, data_dir, limit)
   return tasks if limit is None else tasks[:limit]
 
 

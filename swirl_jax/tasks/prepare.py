@@ -16,23 +16,32 @@ data README):
   hotpotqa/dev_distractor_500.jsonl hotpotqa/hotpot_qa distractor
                                     validation, `hotpotqa_dev` questions
   hotpotqa/hotpotqa_train.json      distractor train (first shard),
-  hotpotqa/hotpotqa_train_corpus.json  `hotpotqa_train` questions and the
-                                    title -> sentences of their contexts
+  hotpotqa/hotpotqa_train_corpus.json  `hotpotqa_train` questions (10,000,
+                                    the paper's) and the title -> sentences
+                                    of their contexts (the CPU runs' closed
+                                    corpus)
+  hotpotqa/wiki_abstracts.jsonl     BeIR/hotpotqa corpus.jsonl.gz: the
+  hotpotqa/wiki_abstracts.bm25/     HotPotQA Wikipedia abstracts (5.2M),
+                                    `{title, text}`, and their BM25 index
+                                    (built once here; search loads it)
   math/math_train_l3to5.parquet     hkust-nlp/SimpleRL-Zoo-Data level 3-5
   math/math500.parquet              HuggingFaceH4/MATH-500
   math/aime24.parquet               HuggingFaceH4/aime_2024
   math/aime25.parquet               math-ai/aime25
+  math/amc23.parquet                math-ai/amc23 (40 problems)
 
 The question samples are `random.Random(seed).sample` of the rows, kept in
 file order. `<data dir>/manifest.json` records for every file written its
 source repo, the revision asked for and the commit it resolved to, the
 source files with their sha256, the selection, the row count and the
 written file's sha256. A file whose manifest entry matches the request and
-its bytes is not fetched again (`overwrite=True` forces it). MuSiQue is read
-by `datasets.load_musique` but used by no config, so it is not fetched.
+its bytes is not fetched again (`overwrite=True` forces it); a corpus's
+index is built when missing. MuSiQue is read by `datasets.load_musique`
+(the transfer evaluation's offline copy) and is not fetched.
 """
 
 import dataclasses
+import gzip
 import hashlib
 import io
 import json
@@ -48,6 +57,7 @@ import pyarrow.parquet as pq
 
 from swirl_jax import errors, jsonl
 from swirl_jax.tasks import datasets
+from swirl_jax.tools import search
 
 MANIFEST = "manifest.json"
 
@@ -70,6 +80,10 @@ SOURCES = {
                      "2fe88a2f1091d5048c0f36abc874fb997b3dd99a"),
     "aime25": Source("math-ai/aime25",
                      "563bb8404243c5f09de6ec262f2db674fe5bce9b"),
+    "amc23": Source("math-ai/amc23", "main"),
+    # The Wikipedia abstracts HotPotQA was built on (BEIR's copy).
+    "hotpotqa_wiki": Source("BeIR/hotpotqa",
+                            "d01a1664af564332aeb82454911d50f83a8a05ee"),
 }
 
 
@@ -245,6 +259,56 @@ def _aime(year, keep_id):
   return convert
 
 
+def _amc23_row(r):
+  """(question, gold) of a math-ai/amc23 row; answers stored as floats
+  (12.0) are written as the integers they are."""
+  question = r.get("question", r.get("problem"))
+  gold = r.get("answer")
+  if question is None or gold is None:
+    raise ValueError(f"needs question (or problem) and answer; fields: "
+                     f"{sorted(r)}")
+  if isinstance(gold, float) and gold.is_integer():
+    gold = int(gold)
+  return str(r.get("id", "")), question, str(gold)
+
+
+def _amc23(files, c):
+  repo = SOURCES["amc23"].repo
+  rows = [_verl_row(repo, q, gold, {"index": i, "split": "test"},
+                    **({"id": rid} if rid else {}))
+          for i, (rid, q, gold) in enumerate(
+              datasets.read_rows(files[0], _amc23_row))]
+  return {datasets.AMC_FILES["2023"]: (_parquet_bytes(rows), len(rows))}
+
+
+def _wiki_row(r):
+  return {"title": str(r["title"]), "text": str(r["text"])}
+
+
+def _gzip_jsonl(path, parse) -> list:
+  """`parse` of each line of a gzipped JSONL file; errors name the line."""
+  out = []
+  with gzip.open(path, "rt", encoding="utf-8") as f:
+    for no, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        out.append(parse(json.loads(line)))
+      except (ValueError, KeyError, TypeError) as e:
+        raise jsonl.FormatError(f"{path}:{no}: bad record ({e})") from e
+  return out
+
+
+def _hotpotqa_wiki(files, c):
+  """BEIR's corpus.jsonl.gz (`_id, title, text, metadata` a line) as
+  `{title, text}` JSONL, in file order."""
+  rows = _gzip_jsonl(files[0], _wiki_row)
+  return {WIKI_CORPUS: (_jsonl_bytes(rows, False), len(rows))}
+
+
+WIKI_CORPUS = "hotpotqa/wiki_abstracts.jsonl"
+
+
 @dataclasses.dataclass(frozen=True)
 class Product:
   """Files of the data dir made from files of one source."""
@@ -253,6 +317,7 @@ class Product:
   files: tuple[str, ...]  # Files of the source repo.
   convert: Callable  # (local paths, config) -> {output: (bytes, rows)}.
   selection: Callable = lambda c: "all rows"
+  index: bool = False  # Its first output is a search corpus: index it.
 
 
 def _sampled(what, key):
@@ -286,6 +351,12 @@ PRODUCTS = {
                 _aime(2024, keep_id=False)),
         Product((datasets.AIME_FILES["2025"],), "aime25", ("test.jsonl",),
                 _aime(2025, keep_id=True)),
+        Product((datasets.AMC_FILES["2023"],), "amc23",
+                ("test-00000-of-00001.parquet",), _amc23),
+    ],
+    "hotpotqa_wiki": [
+        Product((WIKI_CORPUS,), "hotpotqa_wiki", ("corpus.jsonl.gz",),
+                _hotpotqa_wiki, index=True),
     ],
 }
 
@@ -294,7 +365,8 @@ _CHECKS = {
     "gsm8k": [("gsm8k", "train"), ("gsm8k", "test")],
     "hotpotqa": [("hotpotqa", "dev"), ("hotpotqa", "train")],
     "math": [("math", "train"), ("math", "test"), ("aime", "2024"),
-             ("aime", "2025")],
+             ("aime", "2025"), ("amc23", "test")],
+    "hotpotqa_wiki": [],
 }
 
 
@@ -326,6 +398,7 @@ def _make(product: Product, c, data_dir: pathlib.Path, manifest: dict) -> None:
       _is_current(manifest.get(rel), want, data_dir / rel)
       for rel in product.outputs):
     logging.info("data: %s up to date", ", ".join(product.outputs))
+    _index(product, data_dir)
     return
   fetched = [download(source, f) for f in product.files]
   written = product.convert([path for path, _ in fetched], c)
@@ -341,6 +414,16 @@ def _make(product: Product, c, data_dir: pathlib.Path, manifest: dict) -> None:
   # After every product, so an interrupted job keeps what it finished.
   jsonl.write_bytes(data_dir / MANIFEST, json.dumps(
       manifest, indent=2, sort_keys=True).encode() + b"\n")
+  _index(product, data_dir)
+
+
+def _index(product: Product, data_dir: pathlib.Path) -> None:
+  """A corpus's BM25 index, beside it (`search.index_dir`), built once."""
+  if product.index:
+    path = data_dir / product.outputs[0]
+    n = search.build_index(path)
+    logging.info("data: %s indexed (%d passages) in %s", path, n,
+                 search.index_dir(path))
 
 
 def prepare(names, data_dir, c) -> dict:

@@ -8,7 +8,10 @@ gold HotPotQA paragraph noticeably more often than the text alone.
 
 The index is built once per corpus: it is cached in memory, and on disk
 under `cache_dir` when given, keyed by a hash of the corpus content and the
-tokeniser and scoring settings (bm25s `save` / `load`).
+tokeniser and scoring settings (bm25s `save` / `load`). A corpus file may
+carry its index beside it (`index_dir`, made by `build_index`: the data
+job does so for the 5.2M HotPotQA Wikipedia abstracts), which every tool
+over that file loads instead of building its own.
 
 The observation is `QUERY -> [1] Title: text ... [2] Title: text`, each
 passage cut to `max_chars` characters.
@@ -63,7 +66,11 @@ def _read(path):
   """(path, content) of a corpus file: JSONL values or a JSON document."""
   path = pathlib.Path(path)
   if not path.is_file():
-    raise FileNotFoundError(f"corpus file not found: {path}")
+    raise FileNotFoundError(
+        f"corpus file not found: {path} (tools.search_corpus takes a corpus "
+        "file or a named corpus such as hotpotqa:wiki, which the data job "
+        "fetches: python -m swirl_jax.main "
+        "--config=configs/data.py:datasets=hotpotqa_wiki --workdir=DIR)")
   if path.suffix == ".jsonl":
     return path, jsonl.read(path)
   return path, jsonl.read_json(path)
@@ -201,6 +208,20 @@ def _load_or_build(passages, key, cache_dir):
   except OSError:
     shutil.rmtree(tmp, ignore_errors=True)
   return retriever
+
+
+def index_dir(corpus_path) -> pathlib.Path:
+  """Where a corpus file's own index lives: `<file stem>.bm25/` beside it."""
+  p = pathlib.Path(corpus_path)
+  return p.parent / (p.name.split(".")[0] + ".bm25")
+
+
+def build_index(corpus_path) -> int:
+  """Indexes a corpus file into its `index_dir` (kept if current);
+  returns the number of passages."""
+  passages = load_corpus(corpus_path)
+  get_index(passages, index_dir(corpus_path))
+  return len(passages)
 
 
 def get_index(passages, cache_dir=None):

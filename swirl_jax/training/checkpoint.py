@@ -12,12 +12,16 @@ to a temporary directory renamed on completion, so a crash mid-write leaves
 the previous checkpoint as the latest). Restores go straight into the target
 shardings, so no host or device holds more than its shard.
 
+A save that fails (a full disk) removes what it left half written: no
+`*.orbax-checkpoint-tmp*` directory outlives the error.
+
 A checkpoint that fails to restore is skipped for the one before it; it is
 moved aside to `<workdir>/checkpoints.unreadable/` (never deleted) only once
 an older one has restored. If none restores, nothing is moved and the error
 lists why each failed.
 """
 
+import contextlib
 import datetime
 import logging
 import pathlib
@@ -90,11 +94,27 @@ class Checkpointer:
                 skipped=int(jax.device_get(state.skipped)),
                 time=datetime.datetime.now().isoformat(timespec="seconds"),
                 extra=extra or {})
-    self._mngr.save(step, force=True, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state.replace(frozen=None)),
-        meta=ocp.args.JsonSave(meta)))
+    with self._cleaning_up():
+      self._mngr.save(step, force=True, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state.replace(frozen=None)),
+          meta=ocp.args.JsonSave(meta)))
     self._last = step
     return True
+
+  @contextlib.contextmanager
+  def _cleaning_up(self):
+    """Removes a failed save's temporary directories, then re-raises."""
+    try:
+      yield
+    except BaseException:
+      try:
+        self._mngr.wait_until_finished()  # Its writes stop first.
+      except Exception:  # pylint: disable=broad-except
+        pass  # The same fault, raised below.
+      if jax.process_index() == 0:
+        for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
+          shutil.rmtree(tmp, ignore_errors=True)
+      raise
 
   def _restore_step(self, step: int, target: TrainState):
     out = self._mngr.restore(step, args=ocp.args.Composite(
@@ -157,10 +177,12 @@ class Checkpointer:
     self._last = self._mngr.latest_step()
 
   def wait(self) -> None:
-    self._mngr.wait_until_finished()
+    with self._cleaning_up():
+      self._mngr.wait_until_finished()
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
+    with self._cleaning_up():
+      self._mngr.wait_until_finished()
     self._mngr.close()
 
 

@@ -50,10 +50,17 @@ class Probe:
     return cls(trainer.model_cfg, trainer.mesh, params,
                trainer.config.get("loss", None))
 
-  def mismatch(self, params, batch) -> dict[str, float]:
+  def logprobs(self, params, batch):
+    """The trainer's log-probs of `batch['tokens']` under `params`, aligned
+    with the tokens (column 0 is 0); a global array."""
+    return self._logp(params, batch)
+
+  def mismatch(self, params, batch, logp_BT=None) -> dict[str, float]:
     """`mismatch_*` metrics of `batch['behaviour_logprobs']` vs `params`
-    (and `batch['old_logprobs']` set, with TIS on)."""
-    logp_BT = self._logp(params, batch)
+    (and `batch['old_logprobs']` set, with TIS on); `logp_BT`: those
+    log-probs when the caller has them already (`logprobs`)."""
+    if logp_BT is None:
+      logp_BT = self._logp(params, batch)
     if self.tis:
       batch["old_logprobs"] = logp_BT
     m = losses.mismatch_metrics(

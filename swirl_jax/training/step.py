@@ -330,19 +330,24 @@ def _batch_dtype(key: str):
 
 
 def place_batch(batch, sharding: NamedSharding):
-  """Casts (ints int32, attention mask bool, rest float32) and places."""
+  """Casts (ints int32, attention mask bool, rest float32) and places.
+  Host arrays are the whole batch (on many hosts, the same on each);
+  device arrays, global ones too (a batch of host-local rows:
+  `batching.collate_over_hosts`), are laid out device to device."""
   def prep(k, x):
     dt = _batch_dtype(k)
-    if isinstance(x, jax.Array) and x.dtype == dt and x.sharding == sharding:
-      return x
-    if isinstance(x, jax.Array) and x.is_fully_addressable:
+    if isinstance(x, jax.Array):
+      if x.dtype == dt and x.sharding == sharding:
+        return x
       return jax.device_put(x.astype(dt), sharding)
     return shd.place(np.asarray(x).astype(dt), sharding)
-  if jax.process_count() > 1:  # Checked across hosts: no silent mismatch.
-    return distributed.place_rows(
-        {k: np.asarray(v).astype(_batch_dtype(k)) for k, v in batch.items()
-         if v is not None}, sharding)
-  return {k: prep(k, v) for k, v in batch.items() if v is not None}
+  batch = {k: v for k, v in batch.items() if v is not None}
+  host = {k: np.asarray(v).astype(_batch_dtype(k)) for k, v in batch.items()
+          if not isinstance(v, jax.Array)}
+  if jax.process_count() > 1 and host:  # Checked across hosts.
+    host = distributed.place_rows(host, sharding)
+  return {k: host[k] if k in host and jax.process_count() > 1
+          else prep(k, v) for k, v in batch.items()}
 
 
 # ---------------------------------------------------------- PPO mini-batches
@@ -356,8 +361,10 @@ def ppo_update(step: TrainStep, state: TrainState, batch, *, epochs: int = 1,
   a resumed run shuffles as the first one did); one epoch with one
   mini-batch is a single step on the batch as given.
   """
-  host = {k: np.asarray(jax.device_get(v)) for k, v in batch.items()
-          if v is not None}
+  # Host arrays stay on the host; device ones (global ones of host-local
+  # rows too) give their mini-batches on the devices.
+  host = {k: v if isinstance(v, jax.Array) else np.asarray(v)
+          for k, v in batch.items() if v is not None}
   b = len(host["tokens"])
   mb = mini_batch_size or b
   if b % mb:

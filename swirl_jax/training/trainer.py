@@ -16,7 +16,7 @@ online ones (SimpleTIR samples with the current policy between updates) use
 import functools
 import itertools
 import pathlib
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,10 @@ class Trainer:
 
   def __init__(self, config, workdir: str, model_cfg: ModelConfig, *,
                params=None, mesh: Mesh | None = None,
-               rules=shd.DEFAULT_RULES):
+               rules=shd.DEFAULT_RULES,
+               records: Sequence[metrics_lib.RecordFile] = ()):
+    """`records`: the job's own record files under `workdir` (beside
+    metrics.jsonl), rewound with it to the restored state's iteration."""
     c = self.config = config
     self.workdir, self.model_cfg = pathlib.Path(workdir), model_cfg
     if mesh is None:
@@ -82,7 +85,8 @@ class Trainer:
                                       self.mesh, self.shardings, rules)
     self.writer = metrics_lib.MetricWriter(
         str(self.workdir), total_steps=c.num_steps, initial_step=self.step,
-        tensorboard=c.tensorboard, progress=c.progress)
+        done=self.data_pos, records=records, tensorboard=c.tensorboard,
+        progress=c.progress)
 
   def _restore_or_create(self, params, rules):
     c, cfg = self.config, self.model_cfg
@@ -125,7 +129,8 @@ class Trainer:
     self._advance_data()
     host = step_lib.iterate_metrics(metrics)
     for i, m in enumerate(host):
-      self.writer.write(first + i + 1, {**(extra or {}), **m})
+      self.writer.write(first + i + 1, {**(extra or {}), **m},
+                        iteration=self.data_pos - 1)
     self.ckpt.save(self.state)
     return host
 
@@ -134,7 +139,8 @@ class Trainer:
     no optimizer step, so Adam's moments do not move the params."""
     self._advance_data()
     if extra:
-      self.writer.write(self.step, {**extra, "skipped_batch": 1.0})
+      self.writer.write(self.step, {**extra, "skipped_batch": 1.0},
+                        iteration=self.data_pos - 1)
 
   def _advance_data(self):
     self.state = self.state.replace(data_pos=jax.device_put(
@@ -169,10 +175,12 @@ class Trainer:
     return path
 
   def close(self, save: bool = True) -> None:
-    if save:
-      self.ckpt.save(self.state, force=True)
-    self.ckpt.close()
-    self.writer.close()
+    try:
+      if save:
+        self.ckpt.save(self.state, force=True)
+      self.ckpt.close()
+    finally:  # Ends the progress bar's line even when a save fails.
+      self.writer.close()
 
 
 @functools.partial(jax.jit, static_argnums=1)

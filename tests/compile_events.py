@@ -1,0 +1,33 @@
+"""XLA compiles counted from JAX's own compile events (jax.monitoring)."""
+
+import collections
+import contextlib
+
+import jax
+
+_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def counting():
+  """Yields a Counter of the compiles inside the block, by program name
+  (`jit(<function name>)`, e.g. the slot cache's 'jit(decode)')."""
+  counts = collections.Counter()
+
+  def listener(event, duration, fun_name="", **kwargs):
+    del duration, kwargs
+    if event == _COMPILE:
+      counts[fun_name] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield counts
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def slot_programs(counts) -> collections.Counter:
+  """The slot cache's programs among `counts`."""
+  return collections.Counter({k: v for k, v in counts.items()
+                              if k in ("jit(init)", "jit(append)",
+                                       "jit(decode)")})
