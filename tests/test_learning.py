@@ -39,7 +39,7 @@ from swirl_jax.models import decoder, loading, presets
 from swirl_jax.ops import advantages as adv_lib
 from swirl_jax.rollout import batching
 from swirl_jax.rollout import engine as engine_lib
-from swirl_jax.rollout import loop as loop_lib
+from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import StepUnit
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
@@ -235,17 +235,27 @@ SFT_STEPS, RL_ITERATIONS = 400, 10
 ENGINE = engine_lib.EngineConfig(slots=128, decode_batch=32, chunk_steps=16)
 
 
-class _ShortPrompt(engine_lib.RolloutEngine):
-  """The rollout engine with a one-line system prompt: the SWiRL prompt's
-  ninety tokens would triple every step's cost here; the turn logic,
-  tools, observations, masks and records are the engine's own."""
+class _ShortSystem:
+  """The tokenizer with a one-line system prompt in place of SWiRL's: its
+  ninety tokens would triple every step's cost here. The engine's turn
+  logic, tools, observations, masks and records are its own."""
 
-  def prompt_ids(self, task, tools=None):
-    text = self.tokenizer.apply_chat_template(
-        [{"role": "system", "content": SYSTEM},
-         {"role": "user", "content": task.question}],
-        add_generation_prompt=True)
-    return text, self.tokenizer.encode(text)
+  def __init__(self, tokenizer):
+    self._tok = tokenizer
+
+  def __getattr__(self, name):
+    return getattr(self._tok, name)
+
+  def apply_chat_template(self, messages, **kw):
+    messages = [{**m, "content": SYSTEM} if m["role"] == "system" else m
+                for m in messages]
+    return self._tok.apply_chat_template(messages, **kw)
+
+
+def _engine(sampler, tok, tools, **rollout):
+  return engine_lib.RolloutEngine(
+      sampler, _ShortSystem(tok), tools,
+      turns.RolloutConfig(max_turns=2, **rollout), ENGINE)
 
 
 def _world(seed: int, withheld: bool = False):
@@ -323,8 +333,7 @@ def _tool_demos(search_share: float = 1 / 32):
   for (tasks, tools), script in zip(worlds, scripts):
     turn = lambda row, k, script=script: (script[row][k]
                                           if k < len(script[row]) else "")
-    demos += _ShortPrompt(ScriptedSampler(tok, turn), tok, tools,
-                          loop_lib.RolloutConfig(max_turns=2)).run(tasks)
+    demos += _engine(ScriptedSampler(tok, turn), tok, tools).run(tasks)
   return tok, [d.token_sequence() for d in demos]
 
 
@@ -359,11 +368,8 @@ def warm_tool_policy():
 
 
 def _rollouts(sampler, tok, tasks, tools, samples, seed):
-  engine = _ShortPrompt(
-      sampler, tok, tools,
-      loop_lib.RolloutConfig(max_turns=2, max_new_tokens=16, seed=seed),
-      ENGINE)
-  trajs = engine.run(tasks, samples)
+  trajs = _engine(sampler, tok, tools, max_new_tokens=16,
+                  seed=seed).run(tasks, samples)
   checkers.score_trajectories(trajs, [t for t in tasks
                                       for _ in range(samples)])
   return trajs
