@@ -21,7 +21,14 @@ Outputs in the workdir: metrics.jsonl, report.md and reward.png (reward
 and void rate per iteration), rollouts/, checkpoints, warmstart/.
 
 Args: filter_void, warmstart_from (a workdir whose warm start to reuse),
-smoke (a 1-minute run, for tests), seed.
+smoke (a 1-minute run, for tests), seed, seeds (> 0: seeds 0 .. seeds-1
+in <workdir>/seed_<s>, each warm-started, trained and evaluated on the
+held-out problems with the base policy beside it; the table's mean and
+spread in <workdir>/seeds.md; job `simpletir_seeds`,
+swirl_jax/simpletir/seeds.py):
+
+  python -m swirl_jax.main --config=configs/simpletir_demo.py:seeds=3 \
+      --workdir=/tmp/simpletir_seeds
 """
 
 import os
@@ -36,7 +43,7 @@ def _simpletir_math():
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, filter_void=True, warmstart_from="",
-                           smoke=False, seed=0)
+                           smoke=False, seed=0, seeds=0)
   c = _simpletir_math().get_config(
       f"model=mini,data=synthetic_arith,runlocal=True,"
       f"filter_void={a.filter_void},seed={a.seed}")
@@ -56,6 +63,9 @@ def get_config(arg=None):
   t.mini_batch_size = 64
   t.optim.lr = 1e-4  # 1e-3 collapses a policy this small (configs/demo.py).
   t.checkpoint_every = 8
+  c.seeds = a.seeds
+  if a.seeds:
+    c.job = "simpletir_seeds"
   if a.smoke:
     w.update(tasks=32)
     w.train.update(num_steps=4)

@@ -40,6 +40,9 @@ def _eval(c, model, workdir) -> dict:
   """{metric: value} of `model` on the config's held-out problems."""
   ce = c.copy_and_resolve_references()
   ce.model = model
+  # Its weights by directory: the base (warm start) has no export in
+  # `workdir`, and a workdir's own warm start is not the one to load.
+  ce.eval.policy = str(model.checkpoint)
   res = evaluate.run(ce, str(workdir))
   if len(res) != 1:
     raise ValueError("simpletir_seeds evaluates one held-out dataset; "
