@@ -8,6 +8,8 @@
 #
 #   OUT=/some/dir bash benchmarks/accelerator_gpu.sh [--small]
 #
+# RUNS (3) and BUDGET_S (540: seconds for everything) may be set.
+#
 # --small runs every command at CPU stand-in sizes (a check of the script
 # itself, on any machine). Each command has its own time limit and a
 # failure is recorded, not fatal, so one case cannot cost the rest.
@@ -18,7 +20,7 @@ OUT="${OUT:-$PWD/accelerator_out}"
 mkdir -p "$OUT"
 
 SMALL=()
-RUNS=3
+RUNS="${RUNS:-3}"
 PROFILE_ROWS=64 PROFILE_CONTEXT=512 PROFILE_STEPS=16
 if [[ "${1:-}" == "--small" ]]; then
   SMALL=(--small)

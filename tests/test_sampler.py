@@ -473,9 +473,11 @@ def test_host_round_trips_per_decode_chunk(qwen, host_traffic):
   # 5 draw columns, budgets, EOS ids.
   assert host_traffic == dict(init=1, append=1, decode=1, read=4,
                               to_device=12)
-  dev = s.device(4, 20, 32)  # The engine's way: chunks of 20 steps.
+  # The engine's way: a chunk after each stretch (20 tokens each here),
+  # on generate's programs.
+  dev = s.device(4, 64, 32)
   dev.open(4, 4)
-  rows = [SlotRow(i, p, 60) for i, p in enumerate(prompts)]
+  rows = [SlotRow(i, p, 20) for i, p in enumerate(prompts)]
   dev.append(rows, fresh=True)
   for r in rows:
     r.length = len(r.obs)
