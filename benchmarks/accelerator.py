@@ -335,8 +335,9 @@ def bench_big_decode(args, chip, ceilings) -> list[dict]:
                     skipped=f"needs ~{need / GIB:.0f} GiB, the device "
                             f"gives {limit / GIB:.0f} GiB")
       else:
-        case.update(decode_figures(cfg, rows, context, args.big_new_tokens,
-                                   chip, ceilings, args.steps, fill=True))
+        case.update(_unless_oom(lambda: decode_figures(
+            cfg, rows, context, args.big_new_tokens, chip, ceilings,
+            args.steps, fill=True)))
       print(json.dumps(case), flush=True)
       out.append(case)
   return out
@@ -349,10 +350,21 @@ def bench_big_train(args, chip, ceilings) -> dict:
   out = dict(model=args.big_model,
              matmul_params_m=round(matmul_params(cfg) / 1e6, 1),
              remat=args.big_remat)
-  out.update(train_figures(cfg, args.big_batch, args.big_length, chip,
-                           ceilings, args.steps))
+  out.update(_unless_oom(lambda: train_figures(
+      cfg, args.big_batch, args.big_length, chip, ceilings, args.steps)))
   print(json.dumps(out), flush=True)
   return out
+
+
+def _unless_oom(fn) -> dict:
+  """`fn()`, or where the device ran out of memory what it said: the
+  other cases still run."""
+  try:
+    return fn()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return dict(out_of_memory=str(e).splitlines()[0][:300])
 
 
 def plan(args, n: int = 2, m: int = 4) -> dict:

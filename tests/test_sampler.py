@@ -1,7 +1,8 @@
 """Sampler: greedy parity with `transformers`, appending to a row after a
 stop (the engine's multi-turn path on the slot cache), behaviour log-probs,
 the sampling distribution, stop strings, errors, compile count (from JAX's
-compile events) and a fake 8-device mesh.
+compile events), host round trips per decode chunk and a fake 8-device
+mesh.
 
 Most tests share one tiny random Qwen2 model and one Sampler whose buckets
 are fixed, so the whole file compiles a handful of programs.
@@ -448,7 +449,8 @@ def host_traffic(monkeypatch):
                                  for x in jax.tree.leaves(args))
       return _program(*args, **kw)
     monkeypatch.setattr(slots, name, counted)
-  # Every read of a device buffer to the host goes through this method.
+  # Every read of a device buffer to the host goes through this method
+  # (on a CPU the transfer guard does not fire: nothing is copied).
   copy = ArrayImpl._single_device_array_to_np_array_did_copy
 
   def counted_copy(self):
