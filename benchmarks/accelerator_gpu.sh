@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-$PWD/accelerator_out}"
 mkdir -p "$OUT"
+: > "$OUT/rc.txt"
 
 SMALL=()
 RUNS="${RUNS:-3}"
