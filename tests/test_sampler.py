@@ -451,7 +451,10 @@ def host_traffic(monkeypatch):
     monkeypatch.setattr(slots, name, counted)
   # Every read of a device buffer to the host goes through this method
   # (on a CPU the transfer guard does not fire: nothing is copied).
-  copy = ArrayImpl._single_device_array_to_np_array_did_copy
+  copy = getattr(ArrayImpl, "_single_device_array_to_np_array_did_copy",
+                 None)
+  if copy is None:  # A private hook; a JAX without it cannot be counted.
+    pytest.skip("this jax has no ArrayImpl read hook to count reads with")
 
   def counted_copy(self):
     counts["read"] += 1
