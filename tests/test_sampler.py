@@ -1,12 +1,14 @@
 """Sampler: greedy parity with `transformers`, appending to a row after a
 stop (the engine's multi-turn path on the slot cache), behaviour log-probs,
 the sampling distribution, stop strings, errors, compile count (from JAX's
-compile events) and a fake 8-device mesh.
+compile events), host round trips per decode chunk and a fake 8-device
+mesh.
 
 Most tests share one tiny random Qwen2 model and one Sampler whose buckets
 are fixed, so the whole file compiles a handful of programs.
 """
 
+import collections
 import dataclasses
 import json
 import os
@@ -16,6 +18,7 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+from jax._src.array import ArrayImpl
 import numpy as np
 import pytest
 import scipy.stats
@@ -27,7 +30,7 @@ import hf_models
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, hf_io
 from swirl_jax.training import lora
-from swirl_jax.sampling import distribution, stops
+from swirl_jax.sampling import distribution, slots, stops
 from swirl_jax.sampling.device import Device, Draw, SlotRow
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 
@@ -428,6 +431,66 @@ def test_compiles_a_fixed_number_of_programs(qwen):
                  temperature=0.5 * (i % 2), top_k=i, top_p=0.9,
                  stop_strings=["ab", "</a>", "x"][:i], seed=i)
   assert not compile_events.slot_programs(compiles), compiles
+
+
+# ------------------------------------------------------ host round trips
+
+
+@pytest.fixture
+def host_traffic(monkeypatch):
+  """Counts, by name, the slot programs dispatched, the host arrays they
+  take ('to_device') and the device-to-host copies of `jax.Array`s
+  ('read': `device_get`, `np.asarray`, `int()` alike)."""
+  counts = collections.Counter()
+  for name in ("init", "append", "decode"):
+    def counted(*args, _program=getattr(slots, name), _name=name, **kw):
+      counts[_name] += 1
+      counts["to_device"] += sum(isinstance(x, np.ndarray)
+                                 for x in jax.tree.leaves(args))
+      return _program(*args, **kw)
+    monkeypatch.setattr(slots, name, counted)
+  # Every read of a device buffer to the host goes through this method
+  # (on a CPU the transfer guard does not fire: nothing is copied).
+  copy = getattr(ArrayImpl, "_single_device_array_to_np_array_did_copy",
+                 None)
+  if copy is None:  # A private hook; a JAX without it cannot be counted.
+    pytest.skip("this jax has no ArrayImpl read hook to count reads with")
+
+  def counted_copy(self):
+    counts["read"] += 1
+    return copy(self)
+  monkeypatch.setattr(ArrayImpl, "_single_device_array_to_np_array_did_copy",
+                      counted_copy)
+  return counts
+
+
+def test_host_round_trips_per_decode_chunk(qwen, host_traffic):
+  """A chunk of decode steps is one program and one read-back of its four
+  outputs (tokens, log-probs, counts, reasons): its steps never return to
+  the host. `Sampler.generate` decodes every token in one chunk."""
+  s = qwen["sampler"]
+  prompts = _prompts([7, 3, 11, 5], seed=4)
+  s.generate(prompts, max_new_tokens=20)  # Compiles outside the count.
+  host_traffic.clear()
+  res = s.generate(prompts, max_new_tokens=20)
+  assert [len(t) for t in res.tokens] == [20] * 4
+  # Host arrays: append's rows, fresh flags, tokens, mask; decode's rows,
+  # 5 draw columns, budgets, EOS ids.
+  assert host_traffic == dict(init=1, append=1, decode=1, read=4,
+                              to_device=12)
+  # The engine's way: a chunk after each stretch (20 tokens each here),
+  # on generate's programs.
+  dev = s.device(4, 64, 32)
+  dev.open(4, 4)
+  rows = [SlotRow(i, p, 20) for i, p in enumerate(prompts)]
+  dev.append(rows, fresh=True)
+  for r in rows:
+    r.length = len(r.obs)
+  host_traffic.clear()
+  for _ in range(3):
+    assert [len(t) for t, _, _ in _decode(dev, rows)] == [20] * 4
+  dev.close()
+  assert host_traffic == dict(decode=3, read=12, to_device=24)
 
 
 # ------------------------------------------------------------------ mesh
