@@ -117,6 +117,18 @@ def test_greedy_matches_transformers_smollm2(smollm2, tmp_path):
 # ------------------------------------------------------------ multi-turn
 
 
+def _opened(s, prompts, chunk_steps: int):
+  """A device with each prompt appended to a slot of its own (20 new tokens
+  each), as the engine opens rows."""
+  dev = s.device(len(prompts), chunk_steps, 32)
+  dev.open(len(prompts), len(prompts))
+  rows = [SlotRow(i, p, 20) for i, p in enumerate(prompts)]
+  dev.append(rows, fresh=True)
+  for r in rows:
+    r.length = len(r.obs)
+  return dev, rows
+
+
 def _boundary_stop(tokens, table, at):
   """A 3-byte string ending inside token `at` and starting in an earlier
   token, and the index of the token that first completes it."""
@@ -141,12 +153,7 @@ def test_append_after_a_stop_continues_like_prefilling_everything(qwen):
   prompts = _prompts([7, 3, 11, 5], seed=2)
   free = s.generate(prompts, max_new_tokens=20)
   stop_str, first = _boundary_stop(free.tokens[0], table, 9)
-  dev = s.device(4, 20, 32)
-  dev.open(4, 4)
-  rows = [SlotRow(i, p, 20) for i, p in enumerate(prompts)]
-  dev.append(rows, fresh=True)
-  for r in rows:
-    r.length = len(r.obs)
+  dev, rows = _opened(s, prompts, chunk_steps=20)
   turn1 = _decode(dev, rows, (stop_str,))
   assert turn1[0][2] == "stop"
   assert turn1[0][0] == free.tokens[0][:first + 1]
@@ -480,12 +487,7 @@ def test_host_round_trips_per_decode_chunk(qwen, host_traffic):
                               to_device=12)
   # The engine's way: a chunk after each stretch (20 tokens each here),
   # on generate's programs.
-  dev = s.device(4, 64, 32)
-  dev.open(4, 4)
-  rows = [SlotRow(i, p, 20) for i, p in enumerate(prompts)]
-  dev.append(rows, fresh=True)
-  for r in rows:
-    r.length = len(r.obs)
+  dev, rows = _opened(s, prompts, chunk_steps=64)
   host_traffic.clear()
   for _ in range(3):
     assert [len(t) for t, _, _ in _decode(dev, rows)] == [20] * 4
