@@ -16,6 +16,7 @@ behaviour log-probs and the observation's token ids, so trainers never
 re-tokenise text.
 """
 
+import abc
 import concurrent.futures
 import dataclasses
 import time
@@ -234,7 +235,7 @@ def observer(tokenizer, fmt: str) -> Observe:
   return observe
 
 
-class Schedule:
+class Schedule(abc.ABC):
   """What a schedule of rows shares (the engine's; the tests' lock-step
   oracle's): config, tools, stop strings, observations, and the hooks a
   benchmark replays recorded turns through (`scripted.replaying`)."""
@@ -262,9 +263,12 @@ class Schedule:
     return self.run_pairs([(task, sample_offset + k) for task in tasks
                            for k in range(samples_per_task)])
 
+  @abc.abstractmethod
   def run_pairs(self, pairs: Sequence[tuple[Task, int]]
                 ) -> list[Trajectory]:
-    raise NotImplementedError
+    """One trajectory per (task, sample index), in pair order: the
+    schedule itself (the engine's continuous batching, the oracle's lock
+    step)."""
 
 
 def rollout_metrics(rows: Sequence[Row], stats, t0: float

@@ -8,11 +8,12 @@ moment its last sample ends; once `prompts_per_step` complete groups pass
 the group filters (nonzero reward variance, accuracy band), the engine
 starts no further pair, and groups cut short by the stop are not used. On
 several hosts every drawn group runs (stopping early would need the hosts
-to agree on each group as it ends). Either way `keep_passing` then keeps
-the first `prompts_per_step` passing groups in draw order, so an
-iteration trains on at most that many prompts on any host count (the
-failing groups stay for the iteration's statistics; the filters drop
-them from the loss).
+to agree on each group as it ends). Either way an iteration trains on the
+first `prompts_per_step` passing groups in draw order, on any host count:
+one host drops the `surplus` groups from the iteration (`keep_passing`);
+several keep them out of the loss (`grpo.select_rows(want=)`), since each
+host holds only its own rows. The failing groups stay for the iteration's
+statistics; the filters drop them from the loss.
 """
 
 import math

@@ -11,6 +11,11 @@
 
 `swirl_pipeline` runs `config.stages` in order; each stage also runs alone
 (job `swirl_<stage>`) and reads what the earlier ones wrote.
+
+One module (~480 lines) on purpose: each stage is a short function over
+helpers most of them share (`_tasks`, `_judge`, `_base`, `_policy_cfg`,
+the judged-label cache); a module per stage would scatter those helpers
+or import them back across stages.
 """
 
 import dataclasses

@@ -38,6 +38,10 @@ written file's sha256. A file whose manifest entry matches the request and
 its bytes is not fetched again (`overwrite=True` forces it); a corpus's
 index is built when missing. MuSiQue is read by `datasets.load_musique`
 (the transfer evaluation's offline copy) and is not fetched.
+
+One module (~450 lines) on purpose: a table of products, each a few-line
+row converter and reader, over the one download / manifest / index
+mechanism they all go through, read top to bottom.
 """
 
 import dataclasses
