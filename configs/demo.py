@@ -1,15 +1,18 @@
-r"""The whole SWiRL pipeline, small, on a CPU: about 15 minutes on 2 cores.
+r"""The whole SWiRL pipeline, small, on a CPU.
 
   python -m swirl_jax.main --config=configs/demo.py --workdir=/tmp/swirl_demo
 
 Synthetic arithmetic word problems with the live calculator. A small
 policy ("mini", 4 layers, with a vocabulary learnt for the task that keeps
-numbers whole)
-is warm-started on demonstrations, then SWiRL runs as in the paper:
-stage 1 samples trajectories, the programmatic judge labels every step
-against the problem's solution graph, the process filter keeps the good
-ones, stage 2 trains on them with the judge as step-wise reward model, and
-the base and trained policies answer held-out questions (greedy).
+numbers whole) is warm-started on demonstrations that err at the last
+step more often than not (`tasks/demonstrations.py`: a wrong number in
+the last calculation, or an answer one step early), so the base policy's
+greedy answer is usually wrong there while its samples are sometimes
+right. Then SWiRL runs as in the paper: stage 1 samples trajectories, the
+programmatic judge labels every step against the problem's solution
+graph, the process filter keeps the good ones, stage 2 trains on them
+with the judge as step-wise reward model, and the base and trained
+policies answer held-out questions (greedy).
 
 Outputs in the workdir: eval/results.{json,md} (accuracy and process
 correctness, base vs SWiRL), report.md, reward.png, judged_steps.png,
@@ -18,10 +21,14 @@ and each stage's files (see swirl_jax/swirl/jobs.py).
 Args: `smoke` (a 1-minute run of every stage, for tests), seed, seeds
 (> 0: the whole pipeline for seeds 0 .. seeds-1 in <workdir>/seed_<s>, then
 the held-out table's mean and spread over them in <workdir>/seeds.md;
-job `swirl_seeds`, swirl_jax/swirl/seeds.py):
+job `swirl_seeds`, swirl_jax/swirl/seeds.py), filters (with seeds: stage
+2 under each of the four filters and SFT on the process-filtered steps,
+beside the demo's own stage 2, all from each seed's one stage 1):
 
   python -m swirl_jax.main --config=configs/demo.py:seeds=3 \
       --workdir=/tmp/swirl_demo_seeds
+  python -m swirl_jax.main --config=configs/demo.py:seeds=3,filters=True \
+      --workdir=/tmp/swirl_filters
 """
 
 import os
@@ -31,37 +38,46 @@ from swirl_jax import warmstart
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, smoke=False, seed=0, seeds=0)
+  a = config_lib.parse_arg(arg, smoke=False, seed=0, seeds=0, filters=False)
   c = config_lib.load_config_module(os.path.join(
       os.path.dirname(__file__), "swirl_synthetic_arith.py")).get_config(
           f"model=mini,judge=programmatic,runlocal,seed={a.seed}")
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
   c.stages = ("warmstart", "stage1", "filter", "rl", "eval", "report")
-  c.warmstart = warmstart.cpu_demo_config("swirl", a.seed)
+  w = c.warmstart = warmstart.cpu_demo_config("swirl", a.seed)
+  w.mix = dict(gold=0.4, operand=0.3, skip=0.3)
   c.data.update(train_limit=128, eval_limit=128)
-  c.sampler.max_cache_len = 768
+  c.sampler.max_cache_len = 512
   # A weak policy samples mostly noise at temperature 1.
   c.stage1.update(samples=4, tasks_per_batch=128, temperature=0.7,
                   max_turns=6, max_new_tokens=40, max_response_tokens=240)
   c.filter.update(strategy="process", granularity="step")
   c.stage2.update(samples_per_state=4, states_per_step=16,
-                  max_new_tokens=40, max_len=768, temperature=0.7)
+                  max_new_tokens=40, max_len=512, temperature=0.7)
   c.rl_iterations = 24
   c.rl_train.optim.update(lr=1e-4, grad_clip=1.0)
   c.rl_train.mini_batch_size = 64
   c.rl_train.checkpoint_every = 20
   c.eval.policies = ("base", "rl")
+  if a.filters:  # The paper's filter and SFT comparisons, same seeds.
+    c.stages = ("warmstart", "stage1", "filter", "rl", "sft", "eval",
+                "report")
+    c.rl_filters = ("none", "process", "outcome", "process_outcome")
+    c.sft_train.update(num_steps=24, mini_batch_size=16,
+                       checkpoint_every=20)
+    c.sft_train.optim.lr = 1e-4
   c.seeds = a.seeds
   if a.seeds:
     c.job = "swirl_seeds"
   if a.smoke:
-    c.warmstart.update(tasks=32)
-    c.warmstart.train.num_steps = 4
-    c.warmstart.train.optim.warmup_steps = 0
+    w.update(tasks=32)
+    w.train.num_steps = 4
+    w.train.optim.warmup_steps = 0
     c.filter.strategy = "none"  # A 4-step warm start takes no GOOD step.
     c.data.update(train_limit=4, eval_limit=4)
     c.stage1.update(samples=2, max_turns=3)
     c.stage2.update(states_per_step=4)
     c.rl_iterations = 2
     c.rl_train.mini_batch_size = 16
+    c.sft_train.update(num_steps=2, mini_batch_size=16)
   return c

@@ -18,6 +18,7 @@ question. A rerun resumes training, or returns at once when the export
 exists.
 """
 
+import collections
 import itertools
 import pathlib
 
@@ -35,6 +36,7 @@ from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.tasks import checkers
+from swirl_jax.tasks import demonstrations
 from swirl_jax.tasks import synthetic
 from swirl_jax.training import trainer as trainer_lib
 
@@ -60,7 +62,11 @@ def default_config() -> ml_collections.ConfigDict:
       whole_numbers=False,
       # 'swirl' (tags, the chat template's turns) or 'simpletir' (```python
       # blocks, tool output inline in one assistant message).
-      fmt="swirl", train=t))
+      fmt="swirl",
+      # {style: weight} of `tasks/demonstrations.py` (styles that err at
+      # known rates), every demonstration trained on; empty: gold
+      # trajectories only, the correct ones trained on.
+      mix={}, train=t))
 
 
 def cpu_demo_config(fmt: str = "swirl", seed: int = 0
@@ -93,10 +99,11 @@ def model_config(c, workdir) -> ml_collections.ConfigDict:
 
 
 def conversation_text(tok: Tokenizer, task, spaced: bool = False,
-                      fmt: str = "swirl") -> str:
-  """A task's gold trajectory rendered by the chat template."""
+                      fmt: str = "swirl", style: str | None = None) -> str:
+  """A task's trajectory in `style` (gold by default) rendered by the chat
+  template."""
   msgs = prompts.messages(task, fmt)
-  turns = synthetic.reference_turns(task, spaced=spaced, fmt=fmt)
+  turns = _turns(task, style, spaced, fmt)
   if fmt == "simpletir":  # Tool output is inline, in the model's message.
     msgs.append({"role": "assistant", "content": "".join(
         t["action"] + (t["observation"] or "") for t in turns)})
@@ -108,10 +115,18 @@ def conversation_text(tok: Tokenizer, task, spaced: bool = False,
   return tok.apply_chat_template(msgs)
 
 
+def _turns(task, style, spaced: bool, fmt: str) -> list[dict]:
+  if style is None:
+    return synthetic.reference_turns(task, spaced=spaced, fmt=fmt)
+  return demonstrations.reference_turns(task, style, spaced=spaced, fmt=fmt)
+
+
 def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
-           fmt: str = "swirl") -> list[Trajectory]:
-  """The gold trajectories, replayed through the loop with live tools."""
-  refs = [synthetic.reference_turns(t, spaced=spaced, fmt=fmt) for t in tasks]
+           fmt: str = "swirl", styles=None) -> list[Trajectory]:
+  """The trajectories (gold, or each task's style of `styles`), replayed
+  through the loop with live tools."""
+  styles = styles or [None] * len(tasks)
+  refs = [_turns(t, s, spaced, fmt) for t, s in zip(tasks, styles)]
   max_turns = max((len(r) for r in refs), default=1)
   script = lambda row, turn: (refs[row][turn]["action"]
                               if turn < len(refs[row]) else "")
@@ -123,7 +138,7 @@ def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
   return trajs
 
 
-def _tokenizer(base: Tokenizer, tasks, w, path: pathlib.Path):
+def _tokenizer(base: Tokenizer, tasks, styles, w, path: pathlib.Path):
   """The task's vocabulary, learnt once: process 0 learns and saves it,
   every host then reads the same files (a resumed run keeps its ids)."""
   if not w.vocab_size:
@@ -131,7 +146,8 @@ def _tokenizer(base: Tokenizer, tasks, w, path: pathlib.Path):
   with distributed.one_writer(f"{path} tokenizer") as writing:
     if writing and not (path / "tokenizer.json").exists():
       base.train_like(
-          (conversation_text(base, t, w.whole_numbers, w.fmt) for t in tasks),
+          (conversation_text(base, t, w.whole_numbers, w.fmt, s)
+           for t, s in zip(tasks, styles)),
           w.vocab_size, split_digits=not w.whole_numbers).save_hf_dir(path)
   return Tokenizer.from_hf_dir(path)
 
@@ -143,12 +159,16 @@ def run(c, workdir, tasks, tools) -> str:
   if (out / "config.json").exists():
     return str(out)
   base_tok = loading.load_tokenizer(c.model.get("tokenizer") or "bundled")
-  tok = _tokenizer(base_tok, tasks, w, out.parent / "tokenizer")
-  trajs = record(tok, tasks, tools, spaced=w.whole_numbers, fmt=w.fmt)
+  styles = (demonstrations.styles(tasks, w.mix, w.fmt, c.seed) if w.mix
+            else [None] * len(tasks))
+  tok = _tokenizer(base_tok, tasks, styles, w, out.parent / "tokenizer")
+  trajs = record(tok, tasks, tools, spaced=w.whole_numbers, fmt=w.fmt,
+                 styles=styles)
   good = [t for t in trajs if t.outcome]
-  logging.info("warm start: %d demonstrations (%d correct), vocab %d",
-               len(trajs), len(good), tok.vocab_size)
-  seqs = [t.token_sequence() for t in good]
+  logging.info("warm start: %d demonstrations (%d correct), vocab %d; "
+               "styles %s", len(trajs), len(good), tok.vocab_size,
+               dict(collections.Counter(styles)) if w.mix else "gold")
+  seqs = [t.token_sequence() for t in (trajs if w.mix else good)]
   if w.loss_on == "all":
     seqs = [(tok_, np.ones_like(mask), lp) for tok_, mask, lp in seqs]
   elif w.loss_on != "actions":

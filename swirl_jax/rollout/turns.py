@@ -289,10 +289,13 @@ def response_stats(trajectories: Sequence[Trajectory],
                    fmt: str | None = None) -> dict[str, float]:
   """Turns per trajectory, lengths, and the shares of trajectories with a
   void turn (`void_rate`: a turn that parses as void in `fmt`, default
-  each trajectory's own), cut by the turn cap, or overlong."""
+  each trajectory's own), cut by the turn cap, or overlong, that call a
+  tool (`tool_use_rate`), and that call one and end right
+  (`tool_solved_rate`, once scored)."""
   n = max(1, len(trajectories))
   lengths = [sum(len(t.action_ids) for t in tr.turns) for tr in trajectories]
   share = lambda f: sum(bool(f(t)) for t in trajectories) / n
+  uses_tool = lambda tr: any(t.tool is not None for t in tr.turns)
   void = lambda tr: any(parsing.is_void(t.text, fmt or tr.meta["fmt"])
                         for t in tr.turns)
   return {
@@ -301,4 +304,6 @@ def response_stats(trajectories: Sequence[Trajectory],
       "turn_cap_rate": share(lambda t: t.meta.get("turn_cap")),
       "overlong_rate": share(lambda t: t.meta.get("overlong")),
       "response_len": float(np.mean(lengths or [0])),
+      "tool_use_rate": share(uses_tool),
+      "tool_solved_rate": share(lambda t: t.outcome and uses_tool(t)),
   }

@@ -1,12 +1,17 @@
 """Synthetic tasks with known solution graphs, for CPU-size runs.
 
-Two families, each fully determined by its seed:
+Four families, each fully determined by its seed:
 
 - Arithmetic word problems (`arithmetic_tasks`): 2 to 4 steps, each one
   operation on the problem's numbers or on earlier results. The solution
   graph lists the steps: operands, the expression with numbers filled in
   (what a calculator call would send) and its value. For the calculator
   and the Python tool.
+- Computations (`compute_tasks`): "What is 47 * 86 + 512?" and the
+  like, one expression of two-digit products, sums and remainders. A
+  small model cannot produce the answer without running code, so they
+  are where SimpleTIR's tool use has to pay. The held-out split is
+  disjoint from the others by construction (`compute_split`).
 - Multi-hop questions over a generated world (`multihop_tasks`): invented
   products, companies, people and cities, described by `{title, text}`
   paragraphs (`multihop_corpus`, write it with `write_corpus_jsonl` for
@@ -26,6 +31,7 @@ in SimpleTIR's (```python blocks, then `\\boxed{}`), with the
 observations a tool would return, for use as demonstrations.
 """
 
+import hashlib
 import operator
 import random
 
@@ -42,7 +48,7 @@ _NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo",
           "Ines", "Jonas", "Kira", "Liam", "Maya", "Noah", "Olga", "Pablo")
 _ITEMS = ("marbles", "stickers", "apples", "cards", "shells", "stamps",
           "beads", "coins")
-_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul,
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul,
         "/": operator.truediv}
 
 # Each step: (left, op, right, what it computes). Operands name a number of
@@ -108,7 +114,7 @@ def _solve(template, values):
   env, steps = dict(values), []
   for i, (left, op, right, what) in enumerate(template["steps"], 1):
     a, b = (env[x] if isinstance(x, str) else x for x in (left, right))
-    value = _OPS[op](a, b)
+    value = OPS[op](a, b)
     if value < 0 or value != int(value):
       return None
     value = int(value)
@@ -143,6 +149,59 @@ def arithmetic_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
   """`n` arithmetic word problems; the same seed gives the same tasks."""
   rng = random.Random(f"arith/{seed}")
   return [_arith_task(rng, i, split, seed) for i in range(n)]
+
+
+# ------------------------------------------------------------- computations.
+
+# (question, expression, description, ranges of a, b, c).
+_COMPUTE_TEMPLATES = (
+    ("What is {a} * {b}?", "{a}*{b}", "product", dict(a=(12, 99), b=(12, 99))),
+    ("What is {a} * {b} + {c}?", "{a}*{b}+{c}", "result",
+     dict(a=(12, 99), b=(12, 99), c=(100, 999))),
+    ("What is {a} * {b} - {c}?", "{a}*{b}-{c}", "result",
+     dict(a=(12, 99), b=(12, 99), c=(100, 999))),
+    ("What is the remainder of {a} divided by {b}?", "{a}%{b}", "remainder",
+     dict(a=(1000, 9999), b=(13, 97))),
+)
+# A problem belongs to one split by a hash of its text: the held-out split
+# shares no question with the training or demonstration splits, whatever
+# their sizes.
+_COMPUTE_SPLITS = ("train", "test", "demo")
+
+
+def compute_split(question: str) -> str:
+  """The only split `question` may appear in."""
+  h = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16)
+  return _COMPUTE_SPLITS[h % len(_COMPUTE_SPLITS)]
+
+
+def compute_tasks(n: int, split: str = "train") -> list[Task]:
+  """`n` distinct computations of `split`; the same split gives the same
+  tasks (the split is the seed)."""
+  if split not in _COMPUTE_SPLITS:
+    raise ValueError(f"split {split!r}; valid: {', '.join(_COMPUTE_SPLITS)}")
+  rng, tasks, seen = random.Random(f"compute/{split}"), [], set()
+  while len(tasks) < n:
+    t_idx = rng.randrange(len(_COMPUTE_TEMPLATES))
+    text, expr, what, ranges = _COMPUTE_TEMPLATES[t_idx]
+    values = {k: rng.randint(lo, hi) for k, (lo, hi) in ranges.items()}
+    question = text.format(**values)
+    if question in seen or compute_split(question) != split:
+      continue
+    seen.add(question)
+    expression = expr.format(**values)
+    value = eval(expression, {"__builtins__": {}})  # pylint: disable=eval-used
+    if value < 0:
+      continue
+    tasks.append(Task(
+        id=f"synthetic_compute/{split}/{len(tasks)}", question=question,
+        answers=(str(value),), source="synthetic_arith", split=split,
+        metadata={"solution_graph": [
+            {"step": 1, "operands": sorted(values), "op": expression,
+             "expression": expression, "value": value,
+             "description": what}],
+            "quantities": values, "template": t_idx, "family": "compute"}))
+  return tasks
 
 
 # ---------------------------------------------------------------- multi-hop.
@@ -354,9 +413,10 @@ _NEEDS = {"made by": "which company makes the {}",
           "has colour": "which colour {} is"}
 
 
-def _spaced(expression: str) -> str:
-  return " ".join(expression.replace("*", " * ").replace("/", " / ")
-                  .replace("+", " + ").replace("-", " - ").split())
+def spaced_expression(expression: str) -> str:
+  for op in "*/+-%":
+    expression = expression.replace(op, f" {op} ")
+  return " ".join(expression.split())
 
 
 def reference_turns(task: Task, observe=None, spaced: bool = False,
@@ -388,7 +448,7 @@ def reference_turns(task: Task, observe=None, spaced: bool = False,
   turns = []
   if task.source == "synthetic_arith":
     for s in graph:
-      expr = _spaced(s["expression"]) if spaced else s["expression"]
+      expr = spaced_expression(s["expression"]) if spaced else s["expression"]
       action = (f"Next I need the {s['description']}.\n"
                 f"<math_exp>{pad}{expr}{pad}</math_exp>")
       obs = (observe("calculator", s["expression"]) if observe else
@@ -418,7 +478,7 @@ def _simpletir_turns(task: Task, observe, spaced: bool) -> list[dict]:
   pad = " " if spaced else ""
   graph, turns = task.metadata["solution_graph"], []
   for s in graph:
-    expr = _spaced(s["expression"]) if spaced else s["expression"]
+    expr = spaced_expression(s["expression"]) if spaced else s["expression"]
     code = f"print({pad}{expr.replace('/', '//')}{pad})"
     action = f"Next I need the {s['description']}.\n```python\n{code}\n```"
     obs = (observe("python", code + "\n") if observe else
