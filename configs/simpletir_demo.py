@@ -3,9 +3,10 @@ r"""SimpleTIR on a CPU: GRPO with the Python sandbox, small.
   python -m swirl_jax.main --config=configs/simpletir_demo.py \
       --workdir=/tmp/simpletir_demo
 
-Problems a small policy cannot answer without running code ("What is
-47 * 86 + 512?", remainders: `synthetic.compute_tasks`). A "mini" policy
-(4 layers, a vocabulary learnt for the task) is warm-started on a mix of
+Problems a small policy cannot answer without running code ("What is the
+remainder of 47 * 86 divided by 51?", `synthetic.compute_tasks`). A
+"mini" policy (4 layers, a vocabulary learnt for the task) is
+warm-started on a mix of
 demonstrations (`tasks/demonstrations.py`): half run the expression in a
 ```python block and box the printed value, the rest answer without code
 (a guess), write code that fails, or leave a block unclosed (a void

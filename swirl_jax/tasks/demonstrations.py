@@ -83,8 +83,9 @@ def _pad(text: str, spaced: bool) -> str:
 
 def _guess(task: Task, rng) -> str:
   """A wrong number near the answer, written as the model would."""
-  value = int(float(task.answer))
-  return str(max(0, value + rng.choice((-1, 1)) * rng.randint(1, 99)))
+  value, off = int(float(task.answer)), rng.randint(1, 99)
+  return str(value - off if value >= off and rng.random() < 0.5
+             else value + off)
 
 
 def _simpletir(task, style, gold, spaced, rng) -> list[dict]:
