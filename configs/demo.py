@@ -2,17 +2,18 @@ r"""The whole SWiRL pipeline, small, on a CPU.
 
   python -m swirl_jax.main --config=configs/demo.py --workdir=/tmp/swirl_demo
 
-Synthetic arithmetic word problems with the live calculator. A small
-policy ("mini", 4 layers, with a vocabulary learnt for the task that keeps
-numbers whole) is warm-started on demonstrations that err at the last
-step more often than not (`tasks/demonstrations.py`: a wrong number in
-the last calculation, or an answer one step early), so the base policy's
-greedy answer is usually wrong there while its samples are sometimes
-right. Then SWiRL runs as in the paper: stage 1 samples trajectories, the
-programmatic judge labels every step against the problem's solution
-graph, the process filter keeps the good ones, stage 2 trains on them
-with the judge as step-wise reward model, and the base and trained
-policies answer held-out questions (greedy).
+Chained arithmetic word problems ("Ana has 4 boxes with 7 shells in each
+box. Ana finds 12 more shells. ...", `synthetic.chain_tasks`: 2 or 3
+steps) with the live calculator. A small policy ("mini", 4 layers, with a
+vocabulary learnt for the task that keeps numbers whole) is warm-started
+on demonstrations of which half answer one step early and a sixth take a
+wrong number in the last step (`tasks/demonstrations.py`), so the base
+policy's greedy answer is often wrong at the last step while its samples
+are sometimes right. Then SWiRL runs as in the paper: stage 1 samples
+trajectories, the programmatic judge labels every step against the
+problem's solution graph, the process filter keeps the good ones, stage 2
+trains on them with the judge as step-wise reward model, and the base and
+trained policies answer held-out questions (greedy).
 
 Outputs in the workdir: eval/results.{json,md} (accuracy and process
 correctness, base vs SWiRL), report.md, reward.png, judged_steps.png,

@@ -20,7 +20,9 @@ exists.
 
 import collections
 import itertools
+import os
 import pathlib
+import re
 
 import jax
 import ml_collections
@@ -60,6 +62,9 @@ def default_config() -> ml_collections.ConfigDict:
       # and demonstrations space numbers as the questions do, so copying a
       # number is copying one token.
       whole_numbers=False,
+      # The prompt's fixed text (system turn, instruction) as one token
+      # each (`prompt_phrases`): same text, far shorter sequences.
+      prompt_tokens=False,
       # 'swirl' (tags, the chat template's turns) or 'simpletir' (```python
       # blocks, tool output inline in one assistant message).
       fmt="swirl",
@@ -79,7 +84,7 @@ def cpu_demo_config(fmt: str = "swirl", seed: int = 0
   """
   w = default_config()
   w.update(enabled=True, fmt=fmt, vocab_size=2048, whole_numbers=True,
-           loss_on="all", batch_size=8)
+           prompt_tokens=True, loss_on="all", batch_size=8)
   w.train.update(num_steps=480, seed=seed)
   w.train.optim.lr = 8e-3
   return w
@@ -138,6 +143,23 @@ def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
   return trajs
 
 
+def prompt_phrases(tok: Tokenizer, tasks, fmt: str,
+                   min_chars: int = 16) -> list[str]:
+  """The text every task's prompt opens with (the chat template's system
+  turn, the method's instruction), cut at special tokens and at the last
+  whitespace: what `Tokenizer.train_like(phrases=)` can make one token."""
+  texts = [tok.apply_chat_template(prompts.messages(t, fmt),
+                                   add_generation_prompt=True) for t in tasks]
+  common = os.path.commonprefix(texts)
+  if len(texts) > 1:  # Never into the part where prompts differ.
+    common = common[:max(common.rfind(" "), common.rfind("\n")) + 1]
+  specials = sorted((tok.backend.id_to_token(i) for i in tok.special_ids),
+                    key=len, reverse=True)
+  pieces = re.split("|".join(map(re.escape, specials)), common) if specials \
+      else [common]
+  return [p for p in pieces if len(p) >= min_chars]
+
+
 def _tokenizer(base: Tokenizer, tasks, styles, w, path: pathlib.Path):
   """The task's vocabulary, learnt once: process 0 learns and saves it,
   every host then reads the same files (a resumed run keeps its ids)."""
@@ -145,10 +167,13 @@ def _tokenizer(base: Tokenizer, tasks, styles, w, path: pathlib.Path):
     return base
   with distributed.one_writer(f"{path} tokenizer") as writing:
     if writing and not (path / "tokenizer.json").exists():
+      phrases = (prompt_phrases(base, tasks, w.fmt) if w.prompt_tokens
+                 else [])
       base.train_like(
           (conversation_text(base, t, w.whole_numbers, w.fmt, s)
            for t, s in zip(tasks, styles)),
-          w.vocab_size, split_digits=not w.whole_numbers).save_hf_dir(path)
+          w.vocab_size, split_digits=not w.whole_numbers,
+          phrases=phrases).save_hf_dir(path)
   return Tokenizer.from_hf_dir(path)
 
 
