@@ -205,12 +205,17 @@ def run(c, workdir, tasks, tools) -> str:
   params = decoder.init_params(cfg, jax.random.key(c.seed))
   bs = w.batch_size
 
+  # One length for every batch: the longest demonstration, to a multiple
+  # of 64 (a power-of-two bucket would pad 170 tokens to 256).
+  length = -(-max(len(q[0]) for q in seqs) // 64) * 64
+
   def batches(pos):
     for i in itertools.count(pos):
       rng = np.random.default_rng([c.seed, i])
       idx = rng.choice(len(seqs), bs, replace=len(seqs) < bs)
       yield batching.collate([seqs[j] for j in idx], np.ones(bs),
-                             row_multiple=bs, min_rows=bs)
+                             row_multiple=bs, min_rows=bs,
+                             length_buckets=(length,))
 
   trainer_lib.train(w.train, str(out.parent), cfg, batches, params=params,
                     tokenizer=tok)
