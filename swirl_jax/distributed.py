@@ -409,13 +409,20 @@ def _take_rows(x, index, out_sharding):
 def gather_rows(x: np.ndarray) -> np.ndarray:
   """Every host's rows of a small array (any count each), end to end by
   host."""
+  return gather_own_rows(x)[0]
+
+
+def gather_own_rows(x: np.ndarray) -> tuple[np.ndarray, slice]:
+  """`gather_rows(x)`, and the slice of it that is this host's `x`."""
   x = np.asarray(x)
   counts = np.reshape(gather(np.int64([len(x)])), -1)
   most = int(counts.max())
   rows = np.reshape(gather(np.concatenate(
       [x, np.zeros((most - len(x),) + x.shape[1:], x.dtype)])),
                     (len(counts), most) + x.shape[1:])
-  return np.concatenate([r[:n] for r, n in zip(rows, counts)])
+  start = int(counts[:jax.process_index()].sum())
+  return (np.concatenate([r[:n] for r, n in zip(rows, counts)]),
+          slice(start, start + len(x)))
 
 
 def mean_over_hosts(metrics: Mapping[str, float],
