@@ -19,6 +19,7 @@ import os
 import pathlib
 import sys
 import time
+import zlib
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -173,17 +174,25 @@ def _scripted_pairs(loop_cls, pause_s=0.0):
 def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
                        tokens: int = 0, **config) -> None:
   """GRPO iterations; per sample k: right, void, wrong, right after an
-  output (as in test_simpletir), so rewards vary within each group; each
-  turn opens with about `tokens` tokens of reasoning."""
+  output (simpletir_script.py), so rewards vary within each group; each
+  turn opens with about `tokens` tokens of reasoning. STALENESS=k samples
+  k versions behind (with TIS); OVERSAMPLE=x draws x times the prompts,
+  and about every third task's group (by its id's crc32) answers wrong
+  throughout: at x = 3 iteration 0 keeps all 6 groups (passing, 4
+  failing, passing), iteration 1 the first 5 (the 2nd passing is the
+  5th), so each host holds another number of kept rows."""
   from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
-  import test_simpletir  # pylint: disable=g-import-not-at-top
-  c = test_simpletir._simpletir_config()  # pylint: disable=protected-access
+  import simpletir_script  # pylint: disable=g-import-not-at-top
+  c = simpletir_script.config()
   c.rollout.update(**config)
   c.num_iterations = iterations
   c.train.export_hf = iterations > 1
   c.train.async_checkpoints = False
+  c.staleness = int(os.environ.get("STALENESS", "0"))
+  c.train.loss.tis_cap = 2.0 if c.staleness else 0.0
+  c.oversample = float(os.environ.get("OVERSAMPLE", "1"))
   if tokens:
     c.sampler.max_cache_len = c.max_seq_len = 4096
   current = _scripted_pairs(engine_lib.RolloutEngine)
@@ -191,12 +200,9 @@ def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
 
   def script(row, turn):
     task, k = current[row]
-    gold = task.answer
-    return think + [
-        f"```python\nfinal_answer({gold})\n```\n", "```python\nprint(1",
-        "```python\nfinal_answer(-1)\n```\n",
-        [f"```python\nprint({gold})\n```\n",
-         f"It prints {gold}, so \\boxed{{{gold}}}."][min(turn, 1)]][k % 4]
+    if c.oversample > 1 and zlib.crc32(task.id.encode()) % 3 == 1:
+      return "```python\nfinal_answer(-1)\n```\n"  # A failing group.
+    return think + simpletir_script.script(task.answer, k, turn)
 
   train.run(c, str(work),
             make_sampler=lambda p, m, tok: ScriptedSampler(tok, script))
