@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import sys
+import threading
 import time
 import zlib
 
@@ -208,14 +209,47 @@ def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
             make_sampler=lambda p, m, tok: ScriptedSampler(tok, script))
 
 
+def _count_host_reads(sent: dict) -> None:
+  """Notes in `sent['reads']` the size of every read of device data into
+  host memory while `sent['on']`, in any thread: a jax.Array's value
+  (`jax.device_get`, `float`, `tolist`, `__array__`) and `np.asarray` /
+  `np.array` of one (which on the CPU read its buffer directly)."""
+  from jax._src import array as array_lib  # pylint: disable=g-import-not-at-top
+  real_value, inside = array_lib.ArrayImpl._value, threading.local()  # pylint: disable=protected-access
+
+  def value(self):
+    if (sent["on"] and self._npy_value is None  # pylint: disable=protected-access
+        and not getattr(inside, "on", False)):
+      sent["reads"].append(int(self.nbytes))
+    return real_value.fget(self)
+
+  def reading(real):
+    def read(x, *args, **kw):
+      if not (sent["on"] and isinstance(x, jax.Array)):
+        return real(x, *args, **kw)
+      sent["reads"].append(int(x.nbytes))
+      inside.on = True
+      try:
+        return real(x, *args, **kw)
+      finally:
+        inside.on = False
+    return read
+
+  array_lib.ArrayImpl._value = property(value)  # pylint: disable=protected-access
+  np.asarray, np.array = reading(np.asarray), reading(np.array)
+
+
 def simpletir_bytes_scenario(out: pathlib.Path) -> dict:
   """One iteration with turns of about RESPONSE_TOKENS tokens: the bytes
   this host hands to swirl_jax.distributed's exchanges from the rollout's
   start to the end of the update (every host-to-host message of the job
-  goes through `_allgather`), and the batch the trainer got."""
+  goes through `_allgather`), the size of each read of device data into
+  its memory over the same span (`_count_host_reads`), and the batch the
+  trainer got."""
   from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  sent = dict(on=False, bytes=0, calls=0)
+  sent = dict(on=False, bytes=0, calls=0, reads=[])
+  _count_host_reads(sent)
   real_gather, real_run = distributed._allgather, engine_lib.RolloutEngine.run_pairs  # pylint: disable=protected-access
   real_update, batches = trainer_lib.Trainer.update, []
 
@@ -244,7 +278,8 @@ def simpletir_bytes_scenario(out: pathlib.Path) -> dict:
   n = int(os.environ["RESPONSE_TOKENS"])
   simpletir_scenario(out / "work", iterations=1, tokens=n,
                      max_new_tokens=n + 64, max_response_tokens=2 * n + 128)
-  return dict(bytes=sent["bytes"], calls=sent["calls"], batch=batches[0],
+  return dict(bytes=sent["bytes"], calls=sent["calls"], reads=sent["reads"],
+              batch=batches[0],
               response_len=json.loads(
                   (out / "work" / "metrics.jsonl").read_text().splitlines(
                   )[0])["response_len"])
