@@ -98,7 +98,8 @@ def _engine_class(tasks, group: int):
 
 
 def _sampler_config(c):
-  from swirl_jax.sampling.sampler import SamplerConfig  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from swirl_jax.sampling.sampler import SamplerConfig
   return SamplerConfig.from_config(dict(c.sampler, eos_ids=()))
 
 
@@ -108,6 +109,7 @@ def generator_main(conn, a, cpus, tool_cpus) -> None:
   os.sched_setaffinity(0, cpus)  # Before JAX starts: its pool's size.
   # pylint: disable=g-import-not-at-top
   import jax
+  import ml_collections
   from swirl_jax import warmstart
   from swirl_jax.models import loading
   from swirl_jax.rollout import turns
@@ -120,7 +122,8 @@ def generator_main(conn, a, cpus, tool_cpus) -> None:
   tasks = datasets.load_tasks(c.data.train, c.data.train_split,
                               c.data.data_dir or None)
   cfg, params, tok = loading.load_policy(warmstart.model_config(c, ""))
-  tools = registry.from_config(dict(c.tools, sandbox_cpus=tool_cpus))
+  tools = registry.from_config(ml_collections.ConfigDict(
+      dict(c.tools, sandbox_cpus=tool_cpus)))
   sampler = Sampler(params, cfg, tok, _sampler_config(c))
   engine = _engine_class(tasks, a.group)(
       sampler, tok, tools, turns.RolloutConfig.from_config(c.rollout),
@@ -137,7 +140,15 @@ def generator_main(conn, a, cpus, tool_cpus) -> None:
     conn.send([t.to_json() for t in trajs])
 
 
-def run_arm(a, staleness: int, conn, workdir) -> dict:
+def _receive(conn, child):
+  """The child's answer; an error if it died instead."""
+  while not conn.poll(1.0):
+    if not child.is_alive():
+      raise RuntimeError(f"the generator process died ({child.exitcode})")
+  return conn.recv()
+
+
+def run_arm(a, staleness: int, conn, child, workdir) -> dict:
   """One `train.run` at `staleness`, its collect stage in the child;
   per-iteration wall times and collect times."""
   # pylint: disable=g-import-not-at-top
@@ -153,7 +164,7 @@ def run_arm(a, staleness: int, conn, workdir) -> dict:
     del loop
     t0, p = time.perf_counter(), feed()
     conn.send((it, p.version, jax.tree.map(np.asarray, p.params)))
-    out = [Trajectory.from_json(x) for x in conn.recv()]
+    out = [Trajectory.from_json(x) for x in _receive(conn, child)]
     collects[it] = time.perf_counter() - t0
     return out
 
@@ -216,8 +227,8 @@ def main(argv=None):
   child.start()
   try:
     with tempfile.TemporaryDirectory() as tmp:
-      sync = run_arm(a, 0, conn, pathlib.Path(tmp) / "sync")
-      fast = run_arm(a, 1, conn, pathlib.Path(tmp) / "async")
+      sync = run_arm(a, 0, conn, child, pathlib.Path(tmp) / "sync")
+      fast = run_arm(a, 1, conn, child, pathlib.Path(tmp) / "async")
   finally:
     conn.send(None)
     child.join()

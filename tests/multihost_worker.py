@@ -215,10 +215,11 @@ def _count_host_reads(sent: dict) -> None:
   (`jax.device_get`, `float`, `tolist`, `__array__`) and `np.asarray` /
   `np.array` of one (which on the CPU read its buffer directly)."""
   from jax._src import array as array_lib  # pylint: disable=g-import-not-at-top
-  real_value, inside = array_lib.ArrayImpl._value, threading.local()  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  real_value, inside = array_lib.ArrayImpl._value, threading.local()
 
   def value(self):
-    if (sent["on"] and self._npy_value is None  # pylint: disable=protected-access
+    if (sent["on"] and self._npy_value is None
         and not getattr(inside, "on", False)):
       sent["reads"].append(int(self.nbytes))
     return real_value.fget(self)
@@ -235,7 +236,7 @@ def _count_host_reads(sent: dict) -> None:
         inside.on = False
     return read
 
-  array_lib.ArrayImpl._value = property(value)  # pylint: disable=protected-access
+  array_lib.ArrayImpl._value = property(value)
   np.asarray, np.array = reading(np.asarray), reading(np.array)
 
 

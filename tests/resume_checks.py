@@ -92,7 +92,8 @@ def assert_tensorboard_matches(workdir) -> None:
   """TensorBoard holds each metrics.jsonl value once, at its step (under
   its tag as TensorBoard spells it: `avg@k` as `avg_k`)."""
   workdir = pathlib.Path(workdir)
-  want = sorted((r["step"], tb_summary._clean_tag(k), float(np.float32(v)))  # pylint: disable=protected-access
+  tag = tb_summary._clean_tag  # pylint: disable=protected-access
+  want = sorted((r["step"], tag(k), float(np.float32(v)))
                 for r in records(workdir / "metrics.jsonl")
                 for k, v in r.items() if k != "step" and v is not None)
   got = sorted(tensorboard_scalars(workdir / "tensorboard"))

@@ -153,6 +153,31 @@ def _metrics(path, lines):
   return path
 
 
+def test_validation_records_once_on_a_resume_and_a_rerun(tmp_path,
+                                                        monkeypatch):
+  """Validation every 2 iterations (before the first, at 2, after the
+  last; scripted turns): each record carries its iteration, so a run
+  stopped after 2 iterations and resumed to 3 (a resume at a multiple of
+  `every`), or a finished run run again, writes each once: the same
+  records as one straight run. Several runs: over a minute."""
+  c = simpletir_script.config()
+  c.validation.update(every=2, k=2, limit=2)
+  read = lambda w: [json.loads(l) for l in open(w / "metrics.jsonl")]
+  simpletir_script.run(c, tmp_path / "straight", monkeypatch.setattr)
+  want = read(tmp_path / "straight")
+  assert [(r["iteration"], r["val_iteration"]) for r in want
+          if "val_iteration" in r] == [(0, 0.0), (2, 2.0), (3, 3.0)]
+  assert [r["iteration"] for r in report.iterations(
+      tmp_path / "straight")] == [0, 1, 2]
+  simpletir_script.run(c, tmp_path / "straight", monkeypatch.setattr)
+  assert read(tmp_path / "straight") == want  # A rerun of a finished run.
+  c.num_iterations = 2
+  simpletir_script.run(c, tmp_path / "resumed", monkeypatch.setattr)
+  c.num_iterations = 3
+  simpletir_script.run(c, tmp_path / "resumed", monkeypatch.setattr)
+  assert read(tmp_path / "resumed") == want
+
+
 def test_report_summarises_iterations_and_compares_runs(tmp_path):
   roll = dict(void_rate=0.5, turns=2.0, turn_cap_rate=0.0,
               response_len=10.0, rows_in_loss=4.0)

@@ -24,6 +24,13 @@ Exactness: a row's draw depends on the row alone (`turns.draw`: the seed
 of its trajectory, turn and stretch; each token's key folds in its
 position), never on its slot or neighbours; the turn logic is
 `turns.py`'s, which the tests' lock-step oracle composes too.
+
+Policy versions: given a `Policy` (params and their version), or a feed
+of them, the engine samples with it and stamps each trajectory with the
+versions that sampled it; a feed's newer version goes into the device
+between decode chunks (`Device.set_params`). Which chunk that is depends
+on timing, so a caller that needs reproducible tokens changes versions
+only between rollouts (simpletir/pipeline.py does).
 """
 
 import collections
@@ -79,6 +86,7 @@ class RolloutEngine(turns.Schedule):
     self.engine = engine
     self.device = sampler.device(engine.decode_batch, engine.chunk_steps,
                                  engine.append_tokens)
+    self._version = None  # Of the params in the device (with a policy).
 
   @property
   def shapes(self) -> collections.Counter:
