@@ -87,3 +87,19 @@ def test_kept_groups_are_the_same_on_any_host_count(tok):
   keep = oversample.kept_groups([t.reward for t in alone], g, want=2)
   assert [t.id for t, k in zip(alone, keep) if k] == [
       t.id for t, k in zip(trajs, kept) if k]
+
+
+def test_each_trajectory_is_scored_once(tok, monkeypatch):
+  """The checker sees each returned trajectory once: groups scored as
+  they complete are not scored again (nor cut-short ones at all)."""
+  tasks = synthetic.arithmetic_tasks(5, seed=3)
+  g = grpo.GroupConfig(group_size=G, filter_void=False,
+                       accuracy_band=(0.1, 0.9))
+  checked, real = [], checkers.check_batch
+  monkeypatch.setattr(checkers, "check_batch", lambda ts, answers: (
+      checked.extend(answers), real(ts, answers))[1])
+  trajs = oversample.rollout(_engine(tok, tasks, slots=5), tasks, g, want=1)
+  assert len(checked) == len(trajs) == 2 * G
+  checked.clear()
+  trajs = oversample.rollout(_engine(tok, tasks, slots=8), tasks, g, want=5)
+  assert len(checked) == len(trajs) == 5 * G

@@ -178,6 +178,26 @@ def test_validation_records_once_on_a_resume_and_a_rerun(tmp_path,
   assert read(tmp_path / "resumed") == want
 
 
+def test_oversampled_rollouts_are_scored_once(tmp_path, monkeypatch):
+  """2x oversampling, one host (scripted turns: every group passes): each
+  iteration's 4 groups all run (32 cache rows) and each rollout is
+  checked once; the first 2 groups are kept, in the statistics and the
+  rollouts file alike."""
+  from swirl_jax.tasks import checkers  # pylint: disable=g-import-not-at-top
+  c = simpletir_script.config()
+  c.oversample = 2.0
+  checked, real = [], checkers.check_batch
+  monkeypatch.setattr(checkers, "check_batch", lambda ts, answers: (
+      checked.extend(answers), real(ts, answers))[1])
+  simpletir_script.run(c, tmp_path, monkeypatch.setattr)
+  assert len(checked) == 3 * 4 * 4
+  for r in (json.loads(l) for l in open(tmp_path / "metrics.jsonl")):
+    assert r["groups_run"] == 2 and r["reward"] == 0.5
+  for it in range(3):
+    rows = open(tmp_path / "rollouts" / f"iter_{it:06d}.jsonl").readlines()
+    assert len(rows) == 2 * 4
+
+
 def test_report_summarises_iterations_and_compares_runs(tmp_path):
   roll = dict(void_rate=0.5, turns=2.0, turn_cap_rate=0.0,
               response_len=10.0, rows_in_loss=4.0)
