@@ -118,7 +118,9 @@ def generator_main(conn, a, cpus, tool_cpus) -> None:
   from swirl_jax.simpletir import grpo, oversample, stages, train
   from swirl_jax.tasks import datasets
   from swirl_jax.tools import registry
-  c = train.resolve(config(a))
+  c = config(a)
+  c.staleness = 1  # Trajectories stamped with their version (both arms).
+  c = train.resolve(c)
   tasks = datasets.load_tasks(c.data.train, c.data.train_split,
                               c.data.data_dir or None)
   cfg, params, tok = loading.load_policy(warmstart.model_config(c, ""))

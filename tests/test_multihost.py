@@ -312,7 +312,8 @@ def test_simpletir_hosts_exchange_no_trajectories(tmp_path):
     assert got[64][host]["bytes"] < 64 << 10  # Fixed-size checks, mostly.
     reads = [sorted(got[n][host]["reads"]) for n in (64, 512)]
     assert reads[0] == reads[1] and reads[0]  # Metrics, at least.
-    assert max(reads[1]) < 4 << 10, reads[1]
+    # The largest: a fixed-size check message gathered from both hosts.
+    assert max(reads[1]) <= 2 * distributed._MESSAGE_BYTES  # pylint: disable=protected-access
   one = _run_single("simpletir_bytes", tmp_path / "one", timeout=600,
                     RESPONSE_TOKENS=512)
   assert len(one["batch"]["tokens"][0]) > 512

@@ -16,9 +16,12 @@ the trainer happens to finish: that would depend on timing). With the
 rollout seeds (`turns.draw`: run seed, trajectory, turn, stretch), a
 row's tokens then do not depend on when anything ran, so a run at k = 0
 equals the synchronous loop record for record, a resumed run equals an
-uninterrupted one and several hosts equal one. Each trajectory is
-stamped with its version (`meta['policy_version']`), which the select
-stage checks (`grpo.stale`).
+uninterrupted one and several hosts equal one. (Timing decides only
+how far an oversampled rollout on one host runs past the groups it
+needs, which `oversample.kept_groups` then leaves out.) Each trajectory
+is stamped with its version (`meta['policy_version']`), which the select
+stage checks (`grpo.stale`): a row more than k versions behind is
+dropped from the loss and counted, never trained on.
 
 The generator thread does no cross-host exchange: it samples and scores
 this host's own pairs, on params already laid out for this host
