@@ -32,6 +32,18 @@ trains the void filter on and off from its one warm start):
   python -m swirl_jax.main \
       --config=configs/simpletir_demo.py:seeds=3,ablation=void \
       --workdir=/tmp/simpletir_void
+
+staleness (k > 0: rollouts sampled k policy versions behind the update,
+while it runs; swirl_jax/simpletir/pipeline.py), with truncated importance
+sampling (loss.tis_cap = TIS_CAP), which it needs with the trainer's old
+log-probs. With seeds, each seed trains two arms from one warm start, the
+synchronous loop ('sync') and staleness k ('staleness_k'), both with TIS,
+and the table gives each one's held-out gain over the base with its
+spread over the seeds:
+
+  python -m swirl_jax.main \
+      --config=configs/simpletir_demo.py:seeds=3,staleness=1 \
+      --workdir=/tmp/simpletir_staleness
 """
 
 import os
@@ -47,12 +59,20 @@ def _simpletir_math():
       os.path.join(os.path.dirname(__file__), "simpletir_math.py"))
 
 
+# Truncated importance sampling's cap with staleness (verl's TIS default).
+TIS_CAP = 2.0
+
+
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, filter_void=True, warmstart_from="",
-                           smoke=False, seed=0, seeds=0, ablation="")
+                           smoke=False, seed=0, seeds=0, ablation="",
+                           staleness=0)
   if a.ablation not in ABLATIONS:
     raise config_lib.ConfigError(f"ablation {a.ablation!r}; valid: "
                                  f"{', '.join(map(repr, ABLATIONS))}")
+  if a.ablation and a.staleness:
+    raise config_lib.ConfigError("ablation and staleness are two seed "
+                                 "comparisons: give one of them")
   c = _simpletir_math().get_config(
       f"model=mini,data=synthetic_compute,runlocal=True,"
       f"filter_void={a.filter_void},seed={a.seed}")
@@ -83,6 +103,12 @@ def get_config(arg=None):
   c.arms = ABLATIONS[a.ablation]
   if a.seeds:
     c.job = "simpletir_seeds"
+  if a.staleness:
+    c.staleness = a.staleness
+    t.loss.tis_cap = TIS_CAP
+    if a.seeds:  # Both arms from one warm start, both with TIS.
+      c.arms = (("sync", "staleness", 0),
+                (f"staleness_{a.staleness}", "staleness", a.staleness))
   if a.smoke:
     w.update(tasks=32)
     w.train.update(num_steps=4)

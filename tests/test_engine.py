@@ -320,3 +320,48 @@ def test_tensor_parallel_engine_equals_one_device():
       for a, b in zip(other, one):
         for (_, lp_a), (_, lp_b) in zip(a, b):
           np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)
+
+
+def test_policy_swaps_between_chunks_and_stamps_turns(tiny, calc_tools):
+  """A policy feed whose version changes after the first device step (4
+  rows prefilled, 2 of them decoded one chunk): the device decodes with
+  the new params from the next program call on. Rows admitted after the
+  swap sample exactly as a run on the new params alone; each trajectory
+  is stamped with the oldest version that sampled it, and where its turns
+  saw both, each turn with its own. A constant feed samples as no feed."""
+  sampler = tiny[3]
+  other = loading.load_policy(config_lib.model_config("tiny", ""),
+                              seed=7)[1]
+  a, b = sampler.params, sampler.local_params(other)
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
+                           temperature=1.0, seed=3)
+  _, eng = _pair(tiny, calc_tools, rc)
+  pairs = [(t, k) for t in synthetic.arithmetic_tasks(3, seed=2)
+           for k in range(2)]  # 6 rows, 4 cache rows.
+  plain = eng.run_pairs(pairs)
+  same = eng.run_pairs(pairs, policy=engine_lib.Policy(0, a))
+  for x, y in zip(plain, same):
+    assert x.token_sequence()[0].tolist() == y.token_sequence()[0].tolist()
+    assert y.meta.pop("policy_version") == 0 and x.meta == y.meta
+  sampler.params = other
+  try:
+    on_b = eng.run_pairs(pairs)
+  finally:
+    sampler.params = a
+  calls = []
+
+  def feed():
+    calls.append(1)
+    return engine_lib.Policy(*((0, a) if len(calls) == 1 else (1, b)))
+
+  swapped = eng.run_pairs(pairs, policy=feed)
+  assert eng.metrics["policy_swaps"] == 1
+  assert [t.meta["policy_version"] for t in swapped] == [0, 0, 1, 1, 1, 1]
+  _same(swapped[4:], [dataclasses.replace(t, meta=dict(
+      t.meta, policy_version=1)) for t in on_b[4:]])
+  first = swapped[0].turns[0].action_ids
+  assert first[:SMALL.chunk_steps] == \
+      plain[0].turns[0].action_ids[:SMALL.chunk_steps]  # Before the swap.
+  spans = [t.meta["turn_versions"] for t in swapped if "turn_versions"
+           in t.meta]
+  assert spans and all(v[0] == 0 and set(v[1:]) == {1} for v in spans)

@@ -24,12 +24,20 @@ Exactness: a row's draw depends on the row alone (`turns.draw`: the seed
 of its trajectory, turn and stretch; each token's key folds in its
 position), never on its slot or neighbours; the turn logic is
 `turns.py`'s, which the tests' lock-step oracle composes too.
+
+Policy versions: given a `Policy` (params and their version), or a feed
+of them, the engine samples with it and stamps each trajectory with the
+versions that sampled it; a feed's newer version goes into the device
+between decode chunks (`Device.set_params`). Which chunk that is depends
+on timing, so a caller that needs reproducible tokens changes versions
+only between rollouts (simpletir/pipeline.py does).
 """
 
 import collections
 import concurrent.futures
 import dataclasses
 import time
+from typing import Any, Callable, NamedTuple
 
 from swirl_jax import config_lib
 from swirl_jax.rollout import turns
@@ -45,6 +53,16 @@ class EngineConfig(config_lib.FromConfig):
   # Compile every program a rollout can call when the cache is first
   # allocated, so none compiles mid-rollout (`Device.precompile`).
   precompile: bool = False
+
+
+class Policy(NamedTuple):
+  """Params to sample with (laid out as `Sampler.params`) and their
+  version (e.g. the trainer's data position when they were taken)."""
+  version: int
+  params: Any
+
+
+PolicyFeed = Policy | Callable[[], Policy]
 
 
 class RolloutEngine(turns.Schedule):
@@ -68,18 +86,27 @@ class RolloutEngine(turns.Schedule):
     self.engine = engine
     self.device = sampler.device(engine.decode_batch, engine.chunk_steps,
                                  engine.append_tokens)
+    self._version = None  # Of the params in the device (with a policy).
 
   @property
   def shapes(self) -> collections.Counter:
     """Program calls of the last rollout by shape (`Device.shapes`)."""
     return self.device.shapes
 
-  def run_pairs(self, pairs, stop_admitting=None):
+  def run_pairs(self, pairs, stop_admitting=None,
+                policy: PolicyFeed | None = None):
     """One trajectory per (task, sample index), in the order of `pairs`.
 
     `stop_admitting(trajectory) -> bool`, called as each trajectory ends:
     once it returns True no further pair is started (those in flight
     finish), and only the started pairs' trajectories are returned.
+
+    `policy`: what to sample with, a `Policy` or a callable giving the one
+    to sample with now, asked before each device step: one of another
+    version goes into the device between decode chunks
+    (`Device.set_params`; the cache keeps what older params wrote). With
+    it, each trajectory is stamped with the versions that sampled it
+    (`turns.stamp`). Without it, the sampler's params at the start.
     """
     rows = turns.new_rows(pairs, self.tokenizer, self.config.fmt)
     if not rows:
@@ -88,7 +115,9 @@ class RolloutEngine(turns.Schedule):
       self._check_prompt(r)
     self._stats, t0 = collections.Counter(), time.perf_counter()
     free = list(range(self.device.open(len(rows), self.engine.slots)))
+    self._version = None
     if self.engine.precompile:
+      self._take(policy)
       self.device.precompile(self.stops)
     pending, live, started = collections.deque(rows), [], []
     futures: dict[concurrent.futures.Future, turns.Row] = {}
@@ -99,16 +128,28 @@ class RolloutEngine(turns.Schedule):
         while free and pending:
           started.append(pending.popleft())
           live.append(self._admit(started[-1], free.pop(0)))
+        self._take(policy)
         self._device_step(live, futures, pool)
         for r in [r for r in live if r.phase == "done"]:
           live.remove(r)
           free.append(r.slot)
+          turns.stamp(r)
           if stop_admitting is not None and stop_admitting(r.traj):
             pending.clear()
     self.device.close()
     self._stats["not_started"] = len(rows) - len(started)
     self.metrics = turns.rollout_metrics(started, self._stats, t0)
     return [r.traj for r in sorted(started, key=lambda r: r.index)]
+
+  def _take(self, policy: PolicyFeed | None) -> None:
+    """The feed's policy into the device, when its version is new."""
+    if policy is None:
+      return
+    p = policy() if callable(policy) else policy
+    if p.version != self._version:
+      self.device.set_params(p.params)
+      self._stats["policy_swaps"] += self._version is not None
+      self._version = p.version
 
   def _check_prompt(self, row: turns.Row) -> None:
     n = len(row.traj.prompt_ids)
@@ -197,6 +238,8 @@ class RolloutEngine(turns.Schedule):
       self._stats["slot_steps"] += slot_steps
       self._stats["decode_chunks"] += 1
       for r, (tokens, lps, why) in zip(todo, out):
+        if self._version is not None:
+          turns.sampled_with(r, self._version)
         why = turns.take_decoded(r, tokens, lps, why, self.device.limit)
         if why is not None:
           self._end_stretch(r, why)

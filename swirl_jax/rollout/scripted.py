@@ -22,6 +22,10 @@ class ScriptedSampler:
     self.tokenizer, self.script, self.limit = tokenizer, script, limit
     self.extended: list[list[list[int]]] = []  # Observations, per append.
 
+  def local_params(self, params):
+    """`params` as given: a script decodes with none."""
+    return params
+
   def device(self, decode_batch: int, chunk_steps: int,
              append_tokens: int = 64) -> "ScriptedDevice":
     del chunk_steps, append_tokens  # A stretch comes whole.
@@ -54,6 +58,7 @@ class ScriptedDevice:
     self.shapes = collections.Counter()  # No programs.
     self._turns: dict[int, int] = {}
     self._texts: dict[int, str] = {}
+    self.params = None
 
   def open(self, num_rows: int, max_slots: int) -> int:
     self._turns, self._texts = {}, {}
@@ -61,6 +66,9 @@ class ScriptedDevice:
 
   def close(self) -> None:
     pass
+
+  def set_params(self, params) -> None:
+    self.params = params  # A script reads none; tests read them here.
 
   def precompile(self, stop_strings) -> None:
     del stop_strings  # No programs.

@@ -97,6 +97,8 @@ class Row:
   call: tuple | None = None  # (tool, argument, final) being run.
   start_s: float = 0.0
   end_s: float | None = None  # When the row finished (wall clock).
+  # Turn index -> the oldest policy version that sampled its tokens.
+  versions: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def new_rows(pairs: Sequence[tuple[Task, int]], tokenizer,
@@ -126,6 +128,27 @@ def draw(row: Row, c: RolloutConfig) -> Draw:
   token's position it fixes the draw, whatever else is decoded."""
   return Draw(distributed.mix_seed(c.seed, row.traj.id, row.turn_no,
                                    row.seg), c.temperature, c.top_k, c.top_p)
+
+
+def sampled_with(row: Row, version: int) -> None:
+  """Policy `version` sampled tokens of the row's current turn (the one
+  `record_turn` appends next)."""
+  turn = len(row.traj.turns)
+  row.versions[turn] = min(row.versions.get(turn, version), version)
+
+
+def stamp(row: Row) -> None:
+  """The trajectory's `meta['policy_version']`: the oldest policy version
+  that sampled any of its tokens; where its turns differ (a swap fell
+  inside it), `meta['turn_versions']` too: each turn's oldest (None for a
+  turn with no sampled token). Rows sampled without versions get none."""
+  if not row.versions:
+    return
+  meta = row.traj.meta
+  meta["policy_version"] = min(row.versions.values())
+  if len(set(row.versions.values())) > 1:
+    meta["turn_versions"] = [row.versions.get(i)
+                             for i in range(len(row.traj.turns))]
 
 
 def appended(row: Row, fresh: bool) -> None:
@@ -242,11 +265,24 @@ class Schedule(abc.ABC):
 
   def __init__(self, tokenizer, tools: dict[str, BatchTool],
                config: RolloutConfig):
-    self.tokenizer, self.config = tokenizer, config
+    self.tokenizer, self._config = tokenizer, None
+    self.config = config
     self.toolset = ToolSet(tools)
-    self.stops = tuple(parsing.stop_strings(config.fmt))
-    self.observe = observer(tokenizer, config.fmt)
     self.metrics: dict[str, float] = {}  # Of the last rollout.
+
+  @property
+  def config(self) -> RolloutConfig:
+    return self._config
+
+  @config.setter
+  def config(self, config: RolloutConfig) -> None:
+    """A config of another format brings its stop strings and
+    observation frame with it (one of the same format, e.g. another
+    seed, keeps them, as a caller may have set them)."""
+    if self._config is None or config.fmt != self._config.fmt:
+      self.stops = tuple(parsing.stop_strings(config.fmt))
+      self.observe = observer(self.tokenizer, config.fmt)
+    self._config = config
 
   def turn_budget(self, traj: Trajectory, turn_no: int) -> int:
     """New tokens allowed in turn `turn_no` of `traj`."""

@@ -79,6 +79,11 @@ class Device(Protocol):
   def close(self) -> None:
     """Frees the cache."""
 
+  def set_params(self, params) -> None:
+    """Decodes with `params` from the next program call on (between
+    decode chunks; the cache keeps what earlier params wrote). `params`
+    are laid out as `Sampler.params` (this host's own copy)."""
+
   def append(self, rows: Sequence[Row], fresh: bool) -> None:
     """Appends each row's `obs` to its cache row (`fresh`: the row starts
     empty, a prefill); lengths are the caller's to update."""

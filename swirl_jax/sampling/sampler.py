@@ -147,16 +147,23 @@ class Sampler:
 
   @params.setter
   def params(self, params):
-    """Takes params in any layout, this host's or sharded over every host
-    (the trainer's): this host's copy, laid out for its decode mesh,
-    device to device (`distributed.to_local`)."""
+    """Takes params in any layout (`local_params`)."""
+    self._params = self.local_params(params)
+
+  def local_params(self, params):
+    """`params` as this sampler decodes with them: from any layout, this
+    host's or sharded over every host (the trainer's), this host's copy
+    laid out for its decode mesh, device to device
+    (`distributed.to_local`), layers split. Global params make it a
+    collective (every host calls it, in the same order); this host's own
+    (a result of this method) never cross hosts."""
     if self.mesh is not None or jax.process_count() > 1:
       mesh = self.mesh or shd.make_mesh([("one", 1)],
                                         jax.local_devices()[:1])
       params = distributed.to_local(params, decoding.param_shardings(
           self.cfg, mesh, self.rules,
           split=isinstance(params["layers"], (tuple, list))))
-    self._params = _split_layers(params)
+    return _split_layers(params)
 
   def device(self, decode_batch: int, chunk_steps: int,
              append_tokens: int = 64, limit: int = 0):

@@ -197,10 +197,7 @@ class SlotDevice:
     """Allocates the cache and takes the sampler's current params on this
     device's mesh (no copy where they are laid out so already)."""
     self._M = min(max_slots, bucket(num_rows, self.config.batch_buckets))
-    params = self.sampler.params
-    # A data group's copy is the sampler's own buffers on its devices.
-    self._params = params if self._shardings is None else jax.tree.map(
-        shd.reuse_shards, params, self._shardings)
+    self.set_params(self.sampler.params)
     with self.layout.active():
       self._dev = init(layout=self.layout, rows=self._M, length=self.S)
     self.shapes = collections.Counter()
@@ -208,6 +205,12 @@ class SlotDevice:
 
   def close(self) -> None:
     self._dev = self._params = None
+
+  def set_params(self, params) -> None:
+    """The params the next program calls decode with, on this device's
+    mesh (a data group's copy is the given buffers on its devices)."""
+    self._params = params if self._shardings is None else jax.tree.map(
+        shd.reuse_shards, params, self._shardings)
 
   def block(self) -> None:
     """Waits for the programs dispatched so far (for timing them)."""
@@ -400,6 +403,10 @@ class DataGroups:
   def close(self) -> None:
     for g in self.groups:
       g.close()
+
+  def set_params(self, params) -> None:
+    for g in self.groups:
+      g.set_params(params)
 
   def precompile(self, stop_strings) -> None:
     for g in self.groups:
