@@ -55,9 +55,10 @@ class ScriptedDevice:
     self._turns: dict[int, int] = {}
     self._texts: dict[int, str] = {}
 
-  def open(self, num_rows: int, max_slots: int) -> int:
+  def open(self, num_rows: int, max_rows: int, pages: int = 0) -> int:
+    del pages  # No cache.
     self._turns, self._texts = {}, {}
-    return min(num_rows, max_slots)
+    return min(num_rows, max_rows)
 
   def close(self) -> None:
     pass
@@ -65,9 +66,19 @@ class ScriptedDevice:
   def precompile(self, stop_strings) -> None:
     del stop_strings  # No programs.
 
-  def lowerable(self, slots: int, stop_strings) -> dict:
-    del slots, stop_strings
+  def lowerable(self, rows: int, stop_strings, pages: int = 0) -> dict:
+    del rows, stop_strings, pages
     return {}
+
+  def reserve(self, rows, more) -> bool:
+    del rows, more  # No cache: room for every row.
+    return True
+
+  def preempt(self, row) -> None:
+    del row
+
+  def release(self, row) -> None:
+    del row
 
   def select(self, ready: list) -> list:
     return ready[:self.decode_batch]
