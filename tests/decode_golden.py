@@ -104,7 +104,7 @@ def _calc_action(traj_id, turn):
   return parsing.ParsedTurn("answer", answer="7")
 
 
-def _trajs(trajs) -> list:
+def trajs_json(trajs) -> list:
   return [[dict(action_ids=t.action_ids, logprobs=t.action_logprobs,
                 observation_ids=t.observation_ids, reason=t.stop_reason)
            for t in tr.turns] for tr in trajs]
@@ -113,31 +113,38 @@ def _trajs(trajs) -> list:
 ENGINE = dict(slots=4, decode_batch=2, chunk_steps=4, tool_workers=4)
 
 
-def engine_cases(engine_kw=None, lockstep=False) -> dict:
-  """Rollouts of 6 rows (3 tasks x 2) through the engine (or the
-  lock-step oracle), greedy and seeded, with false stops, on tiny and
-  mini. `engine_kw` overrides `EngineConfig` fields."""
-  out = {}
+def engine_run(preset: str, temperature: float, engine_kw=None,
+               sampler_kw=None, lockstep=False):
+  """(trajectories, the runner, (cfg, params)) of one rollout of 6 rows
+  (3 tasks x 2) through the engine (or the lock-step oracle), with false
+  stops. `engine_kw` / `sampler_kw` override `EngineConfig` /
+  `SamplerConfig` fields."""
   tools = registry.build_tools(("calculator",))
+  cfg, params, tok = loading.load_policy(config_lib.model_config(preset, ""))
+  sampler = Sampler(params, cfg, tok, SamplerConfig(
+      **dict(dict(max_cache_len=1024), **(sampler_kw or {}))))
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
+                           temperature=temperature, seed=5)
+  if lockstep:
+    runner = replaying(LockStep, _lengths, _calc_action)(
+        sampler, tok, tools, rc)
+  else:
+    runner = replaying(engine_lib.RolloutEngine, _lengths, _calc_action)(
+        sampler, tok, tools, rc, engine_lib.EngineConfig(
+            **dict(ENGINE, **(engine_kw or {}))))
+  runner.stops = ("\n\n\n", "e")
+  trajs = runner.run(synthetic.arithmetic_tasks(3, seed=2),
+                     samples_per_task=2)
+  return trajs, runner, (cfg, params)
+
+
+def engine_cases() -> dict:
+  """The engine's rollouts on tiny and mini, greedy and seeded."""
+  out = {}
   for preset in ("tiny", "mini"):
-    cfg, params, tok = loading.load_policy(config_lib.model_config(preset,
-                                                                   ""))
-    sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=1024))
     for temperature in (0.0, 1.0):
-      rc = turns.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
-                               temperature=temperature, seed=5)
-      if lockstep:
-        runner = replaying(LockStep, _lengths, _calc_action)(
-            sampler, tok, tools, rc)
-      else:
-        runner = replaying(engine_lib.RolloutEngine, _lengths, _calc_action)(
-            sampler, tok, tools, rc, engine_lib.EngineConfig(
-                **dict(ENGINE, **(engine_kw or {}))))
-      runner.stops = ("\n\n\n", "e")
-      tasks = synthetic.arithmetic_tasks(3, seed=2)
-      out[f"engine_{preset}_{temperature}"] = _trajs(
-          runner.run(tasks, samples_per_task=2))
-      out[f"metrics_{preset}_{temperature}"] = dict(runner.metrics)
+      trajs, _, _ = engine_run(preset, temperature)
+      out[f"engine_{preset}_{temperature}"] = trajs_json(trajs)
   return out
 
 
@@ -148,6 +155,5 @@ def outputs() -> dict:
 
 if __name__ == "__main__":
   got = outputs()
-  got = {k: v for k, v in got.items() if not k.startswith("metrics_")}
   PATH.write_text(json.dumps(got))
   print(f"wrote {PATH} ({len(got)} cases)")

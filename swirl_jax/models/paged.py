@@ -10,25 +10,30 @@ tokens it holds (`Rows`), so one compiled program serves any rows.
 
 A call on the pool writes its new tokens' keys and values into their
 pages, in place, and each new token attends over its row's earlier tokens
-(the prefix, read from the pages) and the new tokens up to itself. How
-the prefix is read is `ModelConfig.paged_attention_impl`:
+(the prefix, read from the pages) and the new tokens up to itself.
+Appends (several tokens a row) gather the prefix pages once per layer.
+How a decode step reads them is `ModelConfig.paged_attention_impl`:
 
-  xla     the reference, exact for any mask (sliding windows, soft-caps):
-          the rows' prefix pages are gathered into a contiguous keys-last
-          view and attended with plain matmuls. A decode chunk gathers
-          once and keeps the chunk's own tokens in a small buffer of its
-          own (written to their pages when the chunk ends), so each step
-          reads the prefix once and touches no page: the fastest on a CPU,
-          at the cost of holding that view while the chunk runs.
-  pallas  decode steps through JAX's Pallas paged-attention kernel (GPU:
-          `pallas.ops.gpu.paged_attention`, TPU:
-          `pallas.ops.tpu.paged_attention`), which reads each row's live
-          pages through its table: nothing gathered, each step's token
-          written into its page first. It takes one query a row and no
-          sliding window: appends (several tokens a row) take the xla
-          path, and a model with sliding layers decodes with xla. Off a
-          GPU or TPU it runs in Pallas' interpreter (tests only: slow).
-  auto    pallas on a GPU or TPU where it applies, xla elsewhere.
+  xla        the reference, exact for any mask (sliding windows,
+             soft-caps), and the fastest on a CPU: a decode chunk gathers
+             its rows' prefix pages once into contiguous keys-last views
+             and keeps the chunk's own keys and values in a small buffer
+             (written to their pages when the chunk ends), so each step
+             reads the prefix once with plain matmuls and touches no page;
+             it holds that copy of its rows' prefixes while the chunk runs.
+  xla_pages  each step writes its token into its page, then gathers each
+             layer's pages in turn and attends over them: nothing held
+             across layers or steps (the memory of a kernel), reading the
+             pages twice over. Exact for any mask.
+  pallas     each step writes its token into its page and JAX's Pallas
+             paged-attention kernel (GPU: `pallas.ops.gpu.paged_attention`,
+             TPU: `pallas.ops.tpu.paged_attention`) reads each row's live
+             pages through its table. It takes one query a row and no
+             sliding window: a model with sliding layers takes xla_pages.
+             Off a GPU or TPU it runs in Pallas' interpreter (tests only:
+             slow).
+  auto       pallas on a GPU or TPU (xla_pages for sliding windows), xla
+             elsewhere.
 """
 
 import functools
@@ -43,7 +48,7 @@ from swirl_jax import sharding as shd
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sharding import constrain
 
-IMPLS = ("auto", "xla", "pallas")
+IMPLS = ("auto", "xla", "xla_pages", "pallas")
 # Finite, so a query row with no visible key gets a uniform softmax, not NaN
 # (as `attention.MASK_VALUE`).
 MASK_VALUE = -1e30
@@ -188,18 +193,22 @@ def attend_local(c: ModelConfig, q_BTNH, prefix, start_B, local, qi_T,
 
 
 def resolve(cfg: ModelConfig) -> str:
-  """The implementation `cfg` decodes with ('xla' or 'pallas')."""
+  """The implementation `cfg` decodes with: 'xla', 'xla_pages' or
+  'pallas'."""
   impl = cfg.paged_attention_impl
   if impl not in IMPLS:
     raise ValueError(f"paged_attention_impl {impl!r}; valid: {IMPLS}")
   if impl == "auto":
     impl = "pallas" if jax.default_backend() in ("gpu", "tpu") else "xla"
+    if impl == "pallas" and any(cfg.sliding_layers):
+      return "xla_pages"
   if impl == "pallas" and any(cfg.sliding_layers):
     why = "the Pallas paged-attention kernels have no sliding window"
     if why not in _logged:  # Once per process, not once per trace.
       _logged.add(why)
-      logging.warning("paged_attention_impl='pallas': %s; using 'xla'", why)
-    return "xla"
+      logging.warning("paged_attention_impl='pallas': %s; using "
+                      "'xla_pages'", why)
+    return "xla_pages"
   return impl
 
 

@@ -180,20 +180,28 @@ def store_chunk(cache: paged.Cache, rows: paged.Rows, bufs, num_B):
                                    v=tuple(v for _, v in pools)))
 
 
-def pages_model(params, cfg: ModelConfig, rows: paged.Rows):
-  """The pallas path's decode step: each step writes its token into its
-  page and the kernel reads the rows' pages through their tables."""
+def pages_model(params, cfg: ModelConfig, rows: paged.Rows, impl: str):
+  """The decode step of the paths that read the pages each step
+  ('xla_pages', 'pallas'): it writes its token into its page, then reads
+  the rows' pages through their tables."""
+  dt = jnp.dtype(cfg.dtype)
 
   def model(tok_B, pos_B, active_B, step, cache):
     del step
     at = paged.Rows(rows.table_BN, pos_B)  # A row's next slot: its position.
 
     def attend(i, q, k, v, sliding):
-      del sliding  # `paged.resolve` takes xla for sliding windows.
       kp, vp = paged.write(cache["k"][i], cache["v"][i], at, k, v,
                            active_B[:, None])
-      return paged.attend_pages(cfg, q, kp, vp, rows.table_BN,
-                                pos_B + 1), (kp, vp)
+      if impl == "pallas":
+        o = paged.attend_pages(cfg, q, kp, vp, rows.table_BN, pos_B + 1)
+      else:  # The prefix from the pages, the new token as written.
+        one = (_as_stored(k, kp).transpose(0, 2, 3, 1),
+               _as_stored(v, kp).transpose(0, 2, 1, 3))
+        o = paged.attend_local(cfg, q, paged.gather(kp, vp, rows.table_BN,
+                                                    dt),
+                               pos_B, one, jnp.zeros(1, jnp.int32), sliding)
+      return o, (kp, vp)
 
     h, pools = decoder.cached_hidden_states(params, cfg, tok_B[:, None],
                                             pos_B[:, None], attend)
@@ -228,11 +236,12 @@ def decode(params, cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
   stop = stop._replace(max_new_B=max_new_B)
   reason_B = jnp.where(active_B & (max_new_B <= 0), LENGTH, NONE)
   active_B = active_B & (max_new_B > 0)
-  chunked = paged.resolve(cfg) == "xla"
+  impl = paged.resolve(cfg)
+  chunked = impl == "xla"
   if chunked:
     kv, model = chunk_model(params, cfg, cache, rows, max_steps)
   else:
-    kv, model = cache, pages_model(params, cfg, rows)
+    kv, model = cache, pages_model(params, cfg, rows, impl)
   carry = (jnp.zeros((), jnp.int32), kv, logits_BV, rows.start_B, active_B,
            stop_state_B.astype(jnp.int32),
            jnp.zeros((B, max_steps), jnp.int32),
