@@ -68,6 +68,13 @@ class SamplerConfig(config_lib.FromConfig):
   # (SWiRL stage 2 goes in calls of at most this many); 0: all at once.
   max_rows: int = 0
 
+  def __post_init__(self):
+    bad = [b for b in self.cache_buckets if b % self.page_size]
+    if self.page_size < 1 or bad:
+      raise config_lib.ConfigError(
+          f"sampler.page_size={self.page_size} must divide every cache "
+          f"bucket; {bad} are not multiples of it")
+
 
 @dataclasses.dataclass
 class GenerateResult:
