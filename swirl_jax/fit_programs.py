@@ -172,11 +172,12 @@ class Setup:
         out.append(f"sampler.tensor_parallel and data_parallel up (now "
                    f"{self.tensor_parallel} and {self.data_parallel}; 0 = "
                    f"from the host's {self.host_devices} devices)")
-      out.append(f"engine.pages (now {self.engine.pages or 'slots x a full "
-                 f"row'}) or engine.slots (now {self.engine.slots}) down "
-                 "(the capacity line says what holds the rows), fewer rows "
-                 f"per generate call (now {self.sampler_rows}) or "
-                 f"sampler.max_cache_len down (now {self.cache_len})")
+      pool = self.engine.pages or "slots x a full row"
+      out.append(f"engine.pages (now {pool}) or engine.slots (now "
+                 f"{self.engine.slots}) down (the capacity lines say what "
+                 "holds the rows), fewer rows per generate call (now "
+                 f"{self.sampler_rows}) or sampler.max_cache_len down (now "
+                 f"{self.cache_len})")
     return out
 
 

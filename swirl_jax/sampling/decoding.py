@@ -95,10 +95,13 @@ def extend(params, cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
   return cache, logits
 
 
-def _step(params, cfg: ModelConfig, sp: SamplingParams, stop: StopSpec,
-          model, carry):
-  """Sample one token per active row, then write it into the cache:
-  `model(tok_B, pos_B, active_B, step, kv) -> (h_BD, kv)`."""
+def decode_step(params, cfg: ModelConfig, sp: SamplingParams,
+                stop: StopSpec, model, carry):
+  """One step of `decode`'s loop: samples one token per active row, then
+  writes it into the cache: `model(tok_B, pos_B, active_B, step, kv) ->
+  (h_BD, kv)` (`chunk_model`, `pages_model`). `carry` = (step, kv,
+  logits_BV, pos_B, active_B, stop states, tokens_BN, logprobs_BN, num_B,
+  reason_B)."""
   (step, kv, logits_BV, pos_B, active_B, state_B, tokens_BN, lps_BN,
    num_B, reason_B) = carry
   keys_B = jax.vmap(jax.random.fold_in)(sp.keys_B, pos_B)
@@ -126,46 +129,50 @@ def _step(params, cfg: ModelConfig, sp: SamplingParams, stop: StopSpec,
                                                        reason_B))
 
 
-def _as_stored(x, pool):
-  """`x` rounded as the pool stores it (the cache dtype), in x's dtype."""
-  return x.astype(pool.dtype).astype(x.dtype)
-
-
-def chunk_model(params, cfg: ModelConfig, cache: paged.Cache,
-                rows: paged.Rows, steps: int):
-  """The xla path's decode step: (its first buffers, the step). The
-  rows' prefix pages are gathered once, here; each step's keys and values
-  go into a chunk buffer of `steps` slots a row (`store_chunk` writes them
-  to their pages after the chunk), so a step reads the prefix once and
-  writes no page."""
+def chunk_prefix(cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
+                 steps: int) -> list:
+  """The xla path's views of the rows' prefix pages, a layer each (None:
+  no prefix), gathered once for a chunk of `steps` steps."""
   n = paged.prefix_pages(rows, steps, paged.page_size(cache))
   dt = jnp.dtype(cfg.dtype)
-  prefix = [paged.gather(k, v, rows.table_BN[:, :n], dt) if n else None
-            for k, v in zip(cache["k"], cache["v"])]
-  B, (K, _, _, H) = rows.start_B.shape[0], cache["k"][0].shape
+  return [paged.gather(k, v, rows.table_BN[:, :n], dt) if n else None
+          for k, v in zip(cache["k"], cache["v"])]
+
+
+def chunk_buffers(cfg: ModelConfig, rows: int, steps: int) -> tuple:
+  """Zeroed chunk buffers, a layer each: keys [B, K, H, steps] and values
+  [B, K, steps, H]."""
+  K, H, dt = cfg.num_kv_heads, cfg.head_dim, jnp.dtype(cfg.dtype)
   zeros = lambda *shape: paged.constrain_view(jnp.zeros(shape, dt))
-  bufs = tuple((zeros(B, K, H, steps), zeros(B, K, steps, H))
-               for _ in cache["k"])
-  pool = cache["k"][0]
+  return tuple((zeros(rows, K, H, steps), zeros(rows, K, steps, H))
+               for _ in range(cfg.num_layers))
+
+
+def chunk_model(params, cfg: ModelConfig, prefix, start_B, pool_dtype):
+  """The xla path's decode step over `prefix` (`chunk_prefix`) and the
+  chunk buffers it carries (`chunk_buffers`): each step's keys and values
+  go into the buffers at its step (`store_chunk` writes them to their
+  pages after the chunk), so a step reads the prefix once and writes no
+  page. New keys and values are rounded as the pool (`pool_dtype`) stores
+  them."""
+  stored = lambda x: x.astype(pool_dtype).astype(x.dtype)
 
   def model(tok_B, pos_B, active_B, step, bufs):
     del active_B  # A stopped row's later slots are never stored.
 
     def attend(i, q, k, v, sliding):
       kb = jax.lax.dynamic_update_slice(
-          bufs[i][0], _as_stored(k, pool).transpose(0, 2, 3, 1),
-          (0, 0, 0, step))
+          bufs[i][0], stored(k).transpose(0, 2, 3, 1), (0, 0, 0, step))
       vb = jax.lax.dynamic_update_slice(
-          bufs[i][1], _as_stored(v, pool).transpose(0, 2, 1, 3),
-          (0, 0, step, 0))
-      o = paged.attend_local(cfg, q, prefix[i], rows.start_B, (kb, vb),
+          bufs[i][1], stored(v).transpose(0, 2, 1, 3), (0, 0, step, 0))
+      o = paged.attend_local(cfg, q, prefix[i], start_B, (kb, vb),
                              step[None], sliding)
       return o, (kb, vb)
 
     h, bufs = decoder.cached_hidden_states(params, cfg, tok_B[:, None],
                                            pos_B[:, None], attend)
     return h[:, 0], tuple(bufs)
-  return bufs, model
+  return model
 
 
 def store_chunk(cache: paged.Cache, rows: paged.Rows, bufs, num_B):
@@ -196,8 +203,9 @@ def pages_model(params, cfg: ModelConfig, rows: paged.Rows, impl: str):
       if impl == "pallas":
         o = paged.attend_pages(cfg, q, kp, vp, rows.table_BN, pos_B + 1)
       else:  # The prefix from the pages, the new token as written.
-        one = (_as_stored(k, kp).transpose(0, 2, 3, 1),
-               _as_stored(v, kp).transpose(0, 2, 1, 3))
+        stored = lambda x: x.astype(kp.dtype).astype(x.dtype)
+        one = (stored(k).transpose(0, 2, 3, 1),
+               stored(v).transpose(0, 2, 1, 3))
         o = paged.attend_local(cfg, q, paged.gather(kp, vp, rows.table_BN,
                                                     dt),
                                pos_B, one, jnp.zeros(1, jnp.int32), sliding)
@@ -239,7 +247,10 @@ def decode(params, cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
   impl = paged.resolve(cfg)
   chunked = impl == "xla"
   if chunked:
-    kv, model = chunk_model(params, cfg, cache, rows, max_steps)
+    kv = chunk_buffers(cfg, B, max_steps)
+    model = chunk_model(params, cfg, chunk_prefix(cfg, cache, rows,
+                                                  max_steps),
+                        rows.start_B, cache["k"][0].dtype)
   else:
     kv, model = cache, pages_model(params, cfg, rows, impl)
   carry = (jnp.zeros((), jnp.int32), kv, logits_BV, rows.start_B, active_B,
@@ -252,7 +263,7 @@ def decode(params, cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
     step, active_B = c[0], c[4]
     return (step < max_steps) & jnp.any(active_B)
 
-  body = lambda c: _step(params, cfg, sp, stop, model, c)
+  body = lambda c: decode_step(params, cfg, sp, stop, model, c)
   (_, kv, logits_BV, _, _, state_B, tokens_BN, lps_BN, num_B,
    reason_B) = jax.lax.while_loop(cond, body, carry)
   cache = store_chunk(cache, rows, kv, num_B) if chunked else kv
