@@ -16,14 +16,15 @@ weights and cache, greedy, EOS off so every row writes every token):
 
 The 7B-width train depth, 6 layers: `--plan_hbm_gib=78` compiles the step
 from abstract inputs at 2 and 4 layers (nothing allocated) and
-extrapolates; it does the same for the 7B decode at each of --big_rows x
---big_contexts (`decode_plan`: the decode chunk with the pages read each
-step, 'xla_pages', the Pallas kernel's stand-in on the CPU), beside
-`decode_memory`'s estimate. On the CPU (XLA:CPU's buffer assignment, block attention)
+extrapolates. On the CPU (XLA:CPU's buffer assignment, block attention)
 it gave a peak of 40.3 GiB at 2 layers and 4.9 GiB a layer more, so 8
 layers reach 69.6 GiB, the most within 90% of 78 GiB; 6 (59.8 GiB) leave
 room for a GPU's own layout. Without remat a layer keeps ~24 GiB of
-activations at 16k tokens: only one layer would fit.
+activations at 16k tokens: only one layer would fit. The plan does the
+same for the 7B decode at each of --big_rows x --big_contexts
+(`decode_plan`: the decode chunk with the pages read each step,
+'xla_pages', the Pallas kernel's stand-in on the CPU), beside
+`decode_memory`'s estimate.
 A big decode case the device cannot hold is skipped with what it needs
 (`decode_memory`): the weights, the rows' pages and their logits. On a GPU
 the decode reads the pages in place (the Pallas kernel), so 256 rows x

@@ -1,9 +1,10 @@
 r"""Bytes a decode step moves, from the compiled programs' cost analysis:
 the page pool against the slot cache it replaced.
 
-The Qwen2.5-0.5B shape (24 layers, bf16 weights and cache), 64 rows of
-1,024 tokens of context, compiled on the CPU from abstract inputs: nothing
-is allocated or timed, so any machine gives the same figures. XLA's cost
+The Qwen2.5-0.5B shape (24 layers), 64 rows of 1,024 tokens of context, in
+bf16 (weights and cache, as on an accelerator) and in float32, compiled on
+the CPU from abstract inputs: nothing is allocated or timed, so any machine
+gives the same figures. XLA's cost
 analysis ('bytes accessed') counts a while loop's body once, so a decode
 chunk is measured in its parts, each compiled alone: what it runs every
 step, and what it runs once a chunk.
@@ -23,12 +24,20 @@ step, and what it runs once a chunk.
                     rows out of the cache and back (`slots._gather`,
                     `slots._scatter`).
 
-A step at a chunk of C steps moves step + once-a-chunk / C bytes (C: the
-engine's 8, and 64). The floor: every matmul's weights (the layers and the
-unembedding) plus the rows' live K/V, each read once. XLA:CPU counts the
-whole of an operand an op scatters into or gathers from within a fusion,
-so the stores and gathers once a chunk count the whole pool (here the
-rows' pages alone, as a full pool would be). Prints one JSON line.
+A step at a chunk of C steps moves step + once-a-chunk / C bytes; the
+parts are compiled at the engine's chunk of 8 steps, and amortised over 8
+and over 64. The floor: every matmul's weights (the layers and the
+unembedding) plus the rows' live K/V, each read once. What a step moves
+beyond the floor that is not K/V is the same on both sides: sampling
+passes over the [rows, vocab] logits, and, on the CPU, the embedding
+lookup counted as the whole table (XLA:CPU counts the whole of an operand
+a fusion gathers from or scatters into). In bf16 XLA:CPU also converts
+what its matmuls read (weights, K/V) to float32 first, each conversion
+counted: float32 shows the programs' own traffic. So each side is measured twice, at --context and at a
+context of one page: the difference is what a step moves for the
+context, against the live K/V it adds, read once (`kv_vs_live`). The
+stores and gathers once a chunk count the whole pool (here exactly the
+rows' pages). Prints one JSON line.
 
   python benchmarks/decode_traffic.py [--before=/work/main] [--rows=64]
       [--context=1024] [--preset=qwen2_5_0_5b]
@@ -51,19 +60,21 @@ from swirl_jax.models import decoder, paged, presets
 from swirl_jax.sampling import decoding
 from swirl_jax.sampling.sampler import SamplerConfig
 
-CHUNKS = (8, 64)
+CHUNK = 8  # The engine's.
+AMORTISED = (8, 64)
+DTYPES = ("bfloat16", "float32")
 
 
-def model(preset: str):
-  return presets.get_preset(preset, dtype="bfloat16",
-                            param_dtype="bfloat16")
+def model(preset: str, dtype: str):
+  return presets.get_preset(preset, dtype=dtype, param_dtype=dtype)
 
 
 def floor_bytes(cfg, rows: int, context: int) -> int:
   """Weights of every matmul (layers, unembedding) and the live K/V."""
   layers = sum(x.size for x in jax.tree.leaves(
       decoder.abstract_params(cfg)["layers"]))
-  weights = (layers + cfg.vocab_size * cfg.hidden_size) * 2
+  item = jnp.dtype(cfg.dtype).itemsize
+  weights = (layers + cfg.vocab_size * cfg.hidden_size) * item
   return weights + rows * context * paged.kv_bytes_per_token(cfg)
 
 
@@ -96,43 +107,41 @@ def _sampling(seeds):
 
 
 def pages_figures(cfg, rows: int, context: int) -> dict:
-  page = SamplerConfig().page_size
+  """Bytes of a step at a chunk of `CHUNK`: the xla path's step and once
+  a chunk, and the xla_pages path's step."""
+  page, chunk = SamplerConfig().page_size, CHUNK
   params = decoding.abstract_params(cfg, split=True)
-  out = {}
-  for chunk in CHUNKS:
-    n = paged.pages_for(context, page)
-    width = n + paged.pages_for(chunk, page)
-    pool = jax.eval_shape(lambda: paged.init(cfg, rows * width, page))
-    table = paged.Rows(_sds((rows, width), "int32"), _sds((rows,), "int32"))
-    prefix = jax.eval_shape(
-        lambda p, t: decoding.chunk_prefix(cfg, p, t, chunk), pool, table)
-    bufs = jax.eval_shape(lambda: decoding.chunk_buffers(cfg, rows, chunk))
-    seeds, stop, carry = step_args(cfg, rows, chunk, bufs)
+  n = paged.pages_for(context, page)
+  width = n + paged.pages_for(chunk, page)
+  pool = jax.eval_shape(lambda: paged.init(cfg, rows * width, page))
+  table = paged.Rows(_sds((rows, width), "int32"), _sds((rows,), "int32"))
+  prefix = jax.eval_shape(
+      lambda p, t: decoding.chunk_prefix(cfg, p, t, chunk), pool, table)
+  bufs = jax.eval_shape(lambda: decoding.chunk_buffers(cfg, rows, chunk))
+  seeds, stop, carry = step_args(cfg, rows, chunk, bufs)
 
-    def step(params, prefix, start, seeds, stop, carry):
-      m = decoding.chunk_model(params, cfg, prefix, start, jnp.bfloat16)
-      return decoding.decode_step(params, cfg, _sampling(seeds), stop, m,
-                                  carry)
+  def step(params, prefix, start, seeds, stop, carry):
+    m = decoding.chunk_model(params, cfg, prefix, start, jnp.dtype(cfg.dtype))
+    return decoding.decode_step(params, cfg, _sampling(seeds), stop, m,
+                                carry)
 
-    each = bytes_of(step, params, prefix, table.start_B, seeds, stop, carry,
-                    donate=(5,))
-    once = (bytes_of(lambda p, t: decoding.chunk_prefix(cfg, p, t, chunk),
-                     pool, table)
-            + bytes_of(lambda p, t, b, n: decoding.store_chunk(p, t, b, n),
-                       pool, table, bufs, _sds((rows,), "int32"),
-                       donate=(0,)))
-    seeds, stop, carry = step_args(cfg, rows, chunk, pool)
+  each = bytes_of(step, params, prefix, table.start_B, seeds, stop, carry,
+                  donate=(5,))
+  once = (bytes_of(lambda p, t: decoding.chunk_prefix(cfg, p, t, chunk),
+                   pool, table)
+          + bytes_of(lambda p, t, b, n: decoding.store_chunk(p, t, b, n),
+                     pool, table, bufs, _sds((rows,), "int32"),
+                     donate=(0,)))
+  seeds, stop, carry = step_args(cfg, rows, chunk, pool)
 
-    def page_step(params, table, seeds, stop, carry):
-      m = decoding.pages_model(params, cfg, table, "xla_pages")
-      return decoding.decode_step(params, cfg, _sampling(seeds), stop, m,
-                                  carry)
+  def page_step(params, table, seeds, stop, carry):
+    m = decoding.pages_model(params, cfg, table, "xla_pages")
+    return decoding.decode_step(params, cfg, _sampling(seeds), stop, m,
+                                carry)
 
-    direct = bytes_of(page_step, params, table, seeds, stop, carry,
-                      donate=(4,))
-    out[chunk] = dict(xla=each + once / chunk, xla_step=each,
-                      xla_once_a_chunk=once, xla_pages=direct)
-  return out
+  direct = bytes_of(page_step, params, table, seeds, stop, carry,
+                    donate=(4,))
+  return dict(xla_step=each, xla_once_a_chunk=once, xla_pages_step=direct)
 
 
 _TODAY = textwrap.dedent("""
@@ -142,10 +151,9 @@ _TODAY = textwrap.dedent("""
     from swirl_jax.sampling import decoding, slots
     from swirl_jax.sampling.sampler import SamplerConfig
     from swirl_jax.shapes import bucket
-    preset, rows, context, chunks = sys.argv[1], int(sys.argv[2]), \\
-        int(sys.argv[3]), json.loads(sys.argv[4])
-    cfg = presets.get_preset(preset, dtype="bfloat16",
-                             param_dtype="bfloat16")
+    preset, rows, context, chunk, dtype = sys.argv[1], int(sys.argv[2]), \\
+        int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    cfg = presets.get_preset(preset, dtype=dtype, param_dtype=dtype)
     sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, jnp.dtype(dt))
     def cost(fn, *args, donate=()):
       c = jax.jit(fn, donate_argnums=donate).lower(*args).compile(
@@ -155,50 +163,81 @@ _TODAY = textwrap.dedent("""
     params = decoding.abstract_params(cfg, split=True)
     sc = SamplerConfig()
     S = sc.max_cache_len + 1
-    out = {}
-    for chunk in chunks:
-      read = min(bucket(context + chunk, sc.cache_buckets), S)
-      def blank(b, s):
-        c = decoder.init_cache(cfg, b, s)
-        c["index"] = jnp.zeros((b,), jnp.int32)
-        return c
-      sub = jax.eval_shape(lambda: blank(rows, read))
-      whole = jax.eval_shape(lambda: blank(rows + 1, S))
-      R, V = rows, cfg.vocab_size
-      i32 = lambda *s: sds(s, "int32")
-      stop = decoding.StopSpec(i32(R), i32(8), sds((16, V), "int16"))
-      carry = (i32(), sub, sds((R, V), "float32"), i32(R), sds((R,), bool),
-               i32(R), i32(R, chunk), sds((R, chunk), "float32"), i32(R),
-               i32(R))
-      def step(params, seeds, stop, carry):
-        n = seeds.shape[0]
-        sp = decoding.SamplingParams(jax.vmap(jax.random.key)(seeds),
-                                     jnp.ones(n), jnp.zeros(n, jnp.int32),
-                                     jnp.ones(n))
-        return decoding._step(params, cfg, sp, stop, carry)
-      each = cost(step, params, sds((R,), "uint32"), stop, carry,
-                  donate=(3,))
-      once = (cost(lambda c, r: slots._gather(c, r, read), whole, i32(R))
-              + cost(lambda c, s, r: slots._scatter(c, s, r), whole, sub,
-                     i32(R), donate=(0,)))
-      out[chunk] = dict(slots=each + once / chunk, slots_step=each,
-                        slots_once_a_chunk=once, read_slots=read)
+    read = min(bucket(context + chunk, sc.cache_buckets), S)
+    def blank(b, s):
+      c = decoder.init_cache(cfg, b, s)
+      c["index"] = jnp.zeros((b,), jnp.int32)
+      return c
+    sub = jax.eval_shape(lambda: blank(rows, read))
+    whole = jax.eval_shape(lambda: blank(rows + 1, S))
+    R, V = rows, cfg.vocab_size
+    i32 = lambda *s: sds(s, "int32")
+    stop = decoding.StopSpec(i32(R), i32(8), sds((16, V), "int16"))
+    carry = (i32(), sub, sds((R, V), "float32"), i32(R), sds((R,), bool),
+             i32(R), i32(R, chunk), sds((R, chunk), "float32"), i32(R),
+             i32(R))
+    def step(params, seeds, stop, carry):
+      n = seeds.shape[0]
+      sp = decoding.SamplingParams(jax.vmap(jax.random.key)(seeds),
+                                   jnp.ones(n), jnp.zeros(n, jnp.int32),
+                                   jnp.ones(n))
+      return decoding._step(params, cfg, sp, stop, carry)
+    each = cost(step, params, sds((R,), "uint32"), stop, carry, donate=(3,))
+    once = (cost(lambda c, r: slots._gather(c, r, read), whole, i32(R))
+            + cost(lambda c, s, r: slots._scatter(c, s, r), whole, sub,
+                   i32(R), donate=(0,)))
+    out = dict(slots_step=each, slots_once_a_chunk=once, read_slots=read)
     print(json.dumps(out))
 """)
 
 
-def today_figures(before: str, preset: str, rows: int, context: int):
+def today_figures(before: str, preset: str, rows: int, context: int,
+                  dtype: str) -> dict:
   """The slot cache's figures, in an interpreter importing `before`."""
   env = dict(os.environ, PYTHONPATH=before, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run(
       [sys.executable, "-c", _TODAY, preset, str(rows), str(context),
-       json.dumps(list(CHUNKS))], cwd=before, env=env, capture_output=True,
+       str(CHUNK), dtype], cwd=before, env=env, capture_output=True,
       text=True, timeout=3600)
   if proc.returncode:
     raise RuntimeError(f"the slot cache's side failed:\n{proc.stderr[-3000:]}")
-  return {int(k): v for k, v in json.loads(
-      proc.stdout.strip().splitlines()[-1]).items()}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def per_step(parts: dict, name: str, chunk: int) -> float:
+  """A step's bytes at a chunk of `chunk` steps."""
+  return parts[f"{name}_step"] + parts.get(f"{name}_once_a_chunk", 0) / chunk
+
+
+def side_by_side(preset: str, cfg, rows: int, context: int,
+                 before: str) -> dict:
+  """Every figure of one dtype: each side's parts at `context` and at one
+  page of context, a step amortised over each of `AMORTISED` chunks, its
+  ratio to the floor, and the ratio of what it moves for the context to
+  the live K/V the context adds (in `preset`'s config `cfg`)."""
+  page = SamplerConfig().page_size
+  floor = floor_bytes(cfg, rows, context)
+  added = rows * (context - page) * paged.kv_bytes_per_token(cfg)
+  parts = {c: pages_figures(cfg, rows, c) for c in (context, page)}
+  names = ["xla", "xla_pages"]
+  if before:
+    for c in (context, page):
+      parts[c].update(today_figures(before, preset, rows, c, cfg.dtype))
+    names.append("slots")
+  gb = lambda x: round(x / 1e9, 3)
+  out = dict(floor_gb=gb(floor), live_kv_gb=gb(
+      rows * context * paged.kv_bytes_per_token(cfg)),
+             parts_gb={k: gb(v) if k != "read_slots" else v
+                       for k, v in parts[context].items()})
+  for chunk in AMORTISED:
+    for name in names:
+      b = per_step(parts[context], name, chunk)
+      short = per_step(parts[page], name, chunk)
+      out[f"{name}_gb_chunk_{chunk}"] = gb(b)
+      out[f"{name}_vs_floor_chunk_{chunk}"] = round(b / floor, 3)
+      out[f"{name}_kv_vs_live_chunk_{chunk}"] = round((b - short) / added, 3)
+  return out
 
 
 def main():
@@ -209,36 +248,26 @@ def main():
   p.add_argument("--preset", default="qwen2_5_0_5b")
   p.add_argument("--rows", type=int, default=64)
   p.add_argument("--context", type=int, default=1024)
+  p.add_argument("--dtypes", default=",".join(DTYPES))
   a = p.parse_args()
-  cfg = model(a.preset)
-  floor = floor_bytes(cfg, a.rows, a.context)
-  ours = pages_figures(cfg, a.rows, a.context)
-  today = (today_figures(a.before, a.preset, a.rows, a.context)
-           if a.before else {})
-  gb = lambda x: round(x / 1e9, 3)
   res = dict(benchmark="decode_traffic", preset=a.preset, rows=a.rows,
-             context=a.context, dtype="bfloat16",
-             floor_gb=gb(floor), live_kv_gb=gb(
-                 a.rows * a.context * paged.kv_bytes_per_token(cfg)))
-  for chunk in CHUNKS:
-    o = ours[chunk]
-    res[f"chunk_{chunk}"] = dict(
-        {k: gb(v) for k, v in o.items()},
-        xla_vs_floor=round(o["xla"] / floor, 3),
-        xla_pages_vs_floor=round(o["xla_pages"] / floor, 3))
-    if chunk in today:
-      t = today[chunk]
-      res[f"chunk_{chunk}"].update(
-          {k: gb(v) if k != "read_slots" else v for k, v in t.items()},
-          slots_vs_floor=round(t["slots"] / floor, 3),
-          xla_vs_slots=round(o["xla"] / t["slots"], 3))
-  for chunk in CHUNKS:
-    r = res[f"chunk_{chunk}"]
-    print(f"chunk of {chunk}: pages (xla) {r['xla']} GB a step, "
-          f"{r['xla_vs_floor']}x the floor of {res['floor_gb']} GB; "
-          f"xla_pages {r['xla_pages']} GB"
-          + (f"; slots {r['slots']} GB, {r['slots_vs_floor']}x"
-             if "slots" in r else ""))
+             context=a.context, page_size=SamplerConfig().page_size,
+             chunk_compiled=CHUNK)
+  for dtype in a.dtypes.split(","):
+    r = res[dtype] = side_by_side(a.preset, model(a.preset, dtype), a.rows,
+                                  a.context, a.before)
+    for chunk in AMORTISED:
+      line = (f"{dtype}, chunk of {chunk}: pages (xla) "
+              f"{r[f'xla_gb_chunk_{chunk}']} GB a step, "
+              f"{r[f'xla_vs_floor_chunk_{chunk}']}x the floor of "
+              f"{r['floor_gb']} GB, its context's K/V "
+              f"{r[f'xla_kv_vs_live_chunk_{chunk}']}x the live K/V; "
+              f"xla_pages {r[f'xla_pages_gb_chunk_{chunk}']} GB")
+      if a.before:
+        line += (f"; slots {r[f'slots_gb_chunk_{chunk}']} GB, "
+                 f"{r[f'slots_vs_floor_chunk_{chunk}']}x, K/V "
+                 f"{r[f'slots_kv_vs_live_chunk_{chunk}']}x")
+      print(line, flush=True)
   print(json.dumps(res))
 
 

@@ -300,7 +300,8 @@ class PagedDevice:
     tokens, mask = np.zeros((A, T), np.int32), np.zeros((A, T), bool)
     for i, p in enumerate(pieces):
       tokens[i, :len(p)], mask[i, :len(p)] = p, True
-    self._call(append, self._row_args(rows, A, n + paged.pages_for(T, self.page))
+    width = n + paged.pages_for(T, self.page)
+    self._call(append, self._row_args(rows, A, width)
                + (self._padded(stops, A, 0), tokens, mask))
     for r, p in zip(rows, pieces):
       r.seat.tokens += p
