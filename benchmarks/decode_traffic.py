@@ -33,11 +33,12 @@ passes over the [rows, vocab] logits, and, on the CPU, the embedding
 lookup counted as the whole table (XLA:CPU counts the whole of an operand
 a fusion gathers from or scatters into). In bf16 XLA:CPU also converts
 what its matmuls read (weights, K/V) to float32 first, each conversion
-counted: float32 shows the programs' own traffic. So each side is measured twice, at --context and at a
-context of one page: the difference is what a step moves for the
-context, against the live K/V it adds, read once (`kv_vs_live`). The
-stores and gathers once a chunk count the whole pool (here exactly the
-rows' pages). Prints one JSON line.
+counted: float32 shows the programs' own traffic. So each side is
+measured twice, at --context and at a context of one page: the difference
+is what a step moves for the context, against the live K/V it adds, read
+once (`kv_vs_live`). The stores and gathers once a chunk count the whole
+pool (here exactly the rows' pages), though a store writes a chunk's
+tokens alone. Prints one JSON line.
 
   python benchmarks/decode_traffic.py [--before=/work/main] [--rows=64]
       [--context=1024] [--preset=qwen2_5_0_5b]
