@@ -207,6 +207,7 @@ def test_capacity_counts_rows_of_slots_and_of_pages():
   from a rollouts file's contexts or a stated mean."""
   c = tiny_job_config()
   c.engine = dict(slots=4, decode_batch=2, chunk_steps=4, append_tokens=16)
+  c.sampler = dict(max_cache_len=512)
   setup, figs = fit_programs.measure(c, "cpu", 1)
   kv = figs["kv"]
   cfg = setup.model_cfg
