@@ -183,8 +183,13 @@ def attend_local(c: ModelConfig, q_BTNH, prefix, start_B, local, qi_T,
                                        for s in scores])
   exps = [jnp.exp(s - top) for s in scores]
   total = sum(jnp.sum(e, -1, keepdims=True) for e in exps)
-  o = sum(jnp.einsum("bkms,bksh->bkmh", (e / total).astype(kv[1].dtype),
-                     kv[1]) for e, (kv, _) in zip(exps, parts))
+  # Normalised after the values (an [M, H] divide, not one of [M, S]): a
+  # pass fewer over the scores.
+  dt = local[1].dtype
+  o = sum(jnp.einsum("bkms,bksh->bkmh", e.astype(dt), kv[1],
+                     preferred_element_type=jnp.float32)
+          for e, (kv, _) in zip(exps, parts))
+  o = (o / total).astype(dt)
   return o.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(
       B, T, N * H)
 
