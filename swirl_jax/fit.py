@@ -26,7 +26,10 @@ real devices before it loads weights (`fit_programs.check_devices`, from
 swirl_jax/jobs.py).
 
 XLA:CPU's buffer assignment stands in for the accelerator's, so treat the
-figures as estimates. `fit.num_layers_override` = n compiles stand-ins of n
+figures as estimates: XLA:CPU writes a bf16 page pool (a scatter) by
+converting it to f32 and back, so the sampler programs' temporaries count
+up to about twice the pool more than a GPU's or TPU's, which write it in
+place. `fit.num_layers_override` = n compiles stand-ins of n
 and n + 1 layers of the same width and extrapolates each figure linearly
 to the real depth (scanned layers make memory linear in depth); 0 compiles
 the real depth. The fake device count must be set before jax starts, so
