@@ -93,38 +93,38 @@ def _draw(truncate):
 
 def _model_steps(batch: int, repeats: int) -> dict:
   """ms of a cached one-token step, by context, without / with head: the
-  CPU path's step (`decoding.chunk_model`: each layer's prefix, gathered
-  from the pages once a chunk, read every step; the step's keys and
-  values written into the chunk's buffers)."""
+  CPU path's step (`decoding.chunk_model`: each layer's view of its rows'
+  prefix, gathered from the pages once a chunk, read every step, the
+  step's keys and values written into the view)."""
   cfg, params = gguf_io.load_gguf(paths.smollm2_gguf_path())
   params = jax.jit(decoder.split_layers)(params)
   tok = jnp.ones((batch,), jnp.int32)
   active = jnp.ones((batch,), bool)
-  page = SamplerConfig().page_size
+  page, chunk = SamplerConfig().page_size, 8
 
-  def step(head, p, prefix, bufs, start):
-    model = decoding.chunk_model(p, cfg, prefix, start, jnp.float32)
-    # Step 0 every call: the same buffer slot is rewritten.
-    h, bufs = model(tok, start, active, jnp.zeros((), jnp.int32), bufs)
+  def step(head, p, views, start):
+    model = decoding.chunk_model(p, cfg, start, chunk, jnp.float32)
+    # Step 0 every call: the same view slot is rewritten.
+    h, views = model(tok, start, active, jnp.zeros((), jnp.int32), views)
     if head:
       h = decoding._logits_at(p, cfg, h)  # pylint: disable=protected-access
       h = (jnp.argmax(h, -1), jax.nn.logsumexp(h, -1))
-    return h, bufs
+    return h, views
 
   out = {}
   for size in (128, 256, 1024):
-    n = size // page
+    n = size // page + 1  # The prefix's pages, and room for the chunk.
     pool = paged.init(cfg, batch * n, page)
     rows = paged.Rows(jnp.arange(batch * n, dtype=jnp.int32).reshape(
         batch, n), jnp.full((batch,), size - 2, jnp.int32))
-    prefix = jax.jit(lambda p, r: decoding.chunk_prefix(cfg, p, r, 0))(
+    views = jax.jit(lambda p, r: decoding.chunk_views(cfg, p, r, chunk))(
         pool, rows)
     for head in (False, True):
-      fn = jax.jit(functools.partial(step, head), donate_argnums=2)
-      state = {"bufs": decoding.chunk_buffers(cfg, batch, 8)}
+      fn = jax.jit(functools.partial(step, head), donate_argnums=1)
+      state = {"views": jax.tree.map(jnp.copy, views)}
 
-      def call():  # Each call takes the buffers the last one returned.
-        h, state["bufs"] = fn(params, prefix, state["bufs"], rows.start_B)  # pylint: disable=cell-var-from-loop
+      def call():  # Each call takes the views the last one returned.
+        h, state["views"] = fn(params, state["views"], rows.start_B)  # pylint: disable=cell-var-from-loop
         jax.block_until_ready(h)
 
       call()  # Compiles.

@@ -10,10 +10,11 @@ chunk is measured in its parts, each compiled alone: what it runs every
 step, and what it runs once a chunk.
 
   pages, xla        (the CPU path) a step: `decoding.decode_step` with
-                    `chunk_model`, reading each layer's gathered prefix
-                    and the chunk's own buffers; once a chunk: the gather
-                    of the prefix pages (`chunk_prefix`) and the store of
-                    the chunk's tokens into their pages (`store_chunk`).
+                    `chunk_model`, reading each layer's view (its prefix,
+                    gathered, and the chunk's slots); once a chunk: the
+                    gather of the prefix pages into the views
+                    (`chunk_views`) and the store of the chunk's tokens
+                    into their pages (`store_chunk`).
   pages, xla_pages  (a kernel's memory: nothing held) a step: `pages_model`,
                     the token written into its page, each layer's pages
                     gathered; nothing once a chunk.
@@ -116,22 +117,21 @@ def pages_figures(cfg, rows: int, context: int) -> dict:
   width = n + paged.pages_for(chunk, page)
   pool = jax.eval_shape(lambda: paged.init(cfg, rows * width, page))
   table = paged.Rows(_sds((rows, width), "int32"), _sds((rows,), "int32"))
-  prefix = jax.eval_shape(
-      lambda p, t: decoding.chunk_prefix(cfg, p, t, chunk), pool, table)
-  bufs = jax.eval_shape(lambda: decoding.chunk_buffers(cfg, rows, chunk))
-  seeds, stop, carry = step_args(cfg, rows, chunk, bufs)
+  views_of = lambda p, t: decoding.chunk_views(cfg, p, t, chunk)
+  views = jax.eval_shape(views_of, pool, table)
+  seeds, stop, carry = step_args(cfg, rows, chunk, views)
 
-  def step(params, prefix, start, seeds, stop, carry):
-    m = decoding.chunk_model(params, cfg, prefix, start, jnp.dtype(cfg.dtype))
+  def step(params, start, seeds, stop, carry):
+    m = decoding.chunk_model(params, cfg, start, chunk, jnp.dtype(cfg.dtype))
     return decoding.decode_step(params, cfg, _sampling(seeds), stop, m,
                                 carry)
 
-  each = bytes_of(step, params, prefix, table.start_B, seeds, stop, carry,
-                  donate=(5,))
-  once = (bytes_of(lambda p, t: decoding.chunk_prefix(cfg, p, t, chunk),
-                   pool, table)
-          + bytes_of(lambda p, t, b, n: decoding.store_chunk(p, t, b, n),
-                     pool, table, bufs, _sds((rows,), "int32"),
+  each = bytes_of(step, params, table.start_B, seeds, stop, carry,
+                  donate=(4,))
+  once = (bytes_of(views_of, pool, table)
+          + bytes_of(lambda p, t, v, n: decoding.store_chunk(p, t, v, n,
+                                                             chunk),
+                     pool, table, views, _sds((rows,), "int32"),
                      donate=(0,)))
   seeds, stop, carry = step_args(cfg, rows, chunk, pool)
 

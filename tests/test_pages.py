@@ -16,7 +16,7 @@ import pytest
 
 import compile_events
 import decode_golden
-from swirl_jax.models import decoder, paged, presets
+from swirl_jax.models import attention, decoder, paged, presets
 from swirl_jax.sampling import distribution, pages
 from swirl_jax.sampling.device import Draw, PlainRow
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
@@ -212,10 +212,11 @@ def _pool(cfg, seed=0, pages_=16, page=8, bf16_exact=False):
 @pytest.mark.parametrize("softcap", [None, 5.0])
 def test_pallas_kernels_match_the_reference(backend, softcap):
   """JAX's Pallas paged-attention kernels, in their interpreters on the
-  CPU, against `attend_local` over gathered pages: rows of lengths inside
-  a page, at a page's end and across pages, in pages out of order. The TPU
-  kernel multiplies in bf16 passes (its default precision): its inputs
-  are bf16 values, which such a pass multiplies exactly."""
+  CPU, against the decoder's attention over the gathered pages (the xla
+  path's): rows of lengths inside a page, at a page's end and across
+  pages, in pages out of order. The TPU kernel multiplies in bf16 passes
+  (its default precision): its inputs are bf16 values, which such a pass
+  multiplies exactly."""
   cfg = presets.get_preset("tiny").replace(attn_logit_softcap=softcap)
   kp, vp, rng = _pool(cfg, bf16_exact=backend == "tpu")
   table = jnp.asarray(rng.permutation(16)[:12].reshape(3, 4), jnp.int32)
@@ -223,12 +224,9 @@ def test_pallas_kernels_match_the_reference(backend, softcap):
   q = jnp.asarray(rng.randn(3, 1, cfg.num_heads, cfg.head_dim), jnp.float32)
   if backend == "tpu":
     q = q.astype(jnp.bfloat16).astype(jnp.float32)
-  prefix = paged.gather(kp, vp, table)
-  last = (lengths - 1)[:, None, None, None]
-  one = (jnp.take_along_axis(prefix[0], last, axis=3),
-         jnp.take_along_axis(prefix[1], last, axis=2))
-  want = paged.attend_local(cfg, q, prefix, lengths - 1, one,
-                            jnp.zeros(1, jnp.int32), False)
+  k, v = paged.gather(kp, vp, table)
+  mask = (jnp.arange(32)[None] < lengths[:, None])[:, None, :]
+  want = attention.attend(cfg, q, k, v, mask, keys_last=True)
   if backend == "tpu":
     from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
     with pltpu.force_tpu_interpret_mode():

@@ -315,20 +315,22 @@ def _paged_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
                          mask_BT, cache: Cache, rows: paged.Rows):
   """New tokens (right-padded, real where `mask_BT`, at positions = their
   slots) written at slots start .. start + T of their rows' pages; each
-  layer attends over the rows' prefixes, gathered from the pages, and the
+  layer attends over a view of the rows' prefix pages, gathered, and the
   new tokens (as the pages store them: in the cache dtype)."""
   T = tokens_BT.shape[1]
   n = paged.prefix_pages(rows, T, paged.page_size(cache))
+  S = n * paged.page_size(cache)
+  masks = paged.view_masks(cfg, rows.start_B, S,
+                           jnp.arange(T, dtype=jnp.int32), S + T)
   dt = _dt(cfg.dtype)
 
   def attend(i, q, k, v, sliding):
     kp, vp = paged.write(cache["k"][i], cache["v"][i], rows, k, v, mask_BT)
     prefix = paged.gather(kp, vp, rows.table_BN[:, :n], dt) if n else None
-    as_stored = lambda x: x.astype(kp.dtype).astype(dt)
-    local = (as_stored(k).transpose(0, 2, 3, 1),
-             as_stored(v).transpose(0, 2, 1, 3))
-    o = paged.attend_local(cfg, q, prefix, rows.start_B, local,
-                           jnp.arange(T, dtype=jnp.int32), sliding)
+    stored = lambda x: x.astype(kp.dtype).astype(dt)
+    view_k, view_v = paged.with_new(prefix, stored(k), stored(v))
+    o = attention.attend(cfg, q, view_k, view_v, masks[int(sliding)],
+                         keys_last=True)
     return o, (kp, vp)
 
   h, pools = cached_hidden_states(params, cfg, tokens_BT, pos_BT, attend)

@@ -10,17 +10,21 @@ tokens it holds (`Rows`), so one compiled program serves any rows.
 
 A call on the pool writes its new tokens' keys and values into their
 pages, in place, and each new token attends over its row's earlier tokens
-(the prefix, read from the pages) and the new tokens up to itself.
-Appends (several tokens a row) gather the prefix pages once per layer.
-How a decode step reads them is `ModelConfig.paged_attention_impl`:
+(the prefix, read from the pages) and the new tokens up to itself: over a
+contiguous view of the rows, their prefix pages gathered and then their
+new tokens (`with_new`, `view_masks`), with the decoder's own dense
+attention (`attention.attend`). Appends (several tokens a row) gather the
+prefix pages once per layer. How a decode step reads them is
+`ModelConfig.paged_attention_impl`:
 
   xla        the reference, exact for any mask (sliding windows,
              soft-caps), and the fastest on a CPU: a decode chunk gathers
-             its rows' prefix pages once into contiguous keys-last views
-             and keeps the chunk's own keys and values in a small buffer
-             (written to their pages when the chunk ends), so each step
-             reads the prefix once with plain matmuls and touches no page;
-             it holds that copy of its rows' prefixes while the chunk runs.
+             its rows' prefix pages once into views with room for the
+             chunk's tokens, which each step writes at its own slot (one
+             slot for every row: a plain update, no scatter); the chunk's
+             tokens go to their pages when it ends. A step reads the view
+             once with plain matmuls and touches no page; the view is a
+             copy of its rows' prefixes held while the chunk runs.
   xla_pages  each step writes its token into its page, then gathers each
              layer's pages in turn and attends over them: nothing held
              across layers or steps (the memory of a kernel), reading the
@@ -141,57 +145,36 @@ def write(k_pages, v_pages, rows: Rows, k_BTKH, v_BTKH, mask_BT):
   return put(k_pages, k_BTKH), put(v_pages, v_BTKH)
 
 
-def _scores(c, q_BKMH, k_BKHS, mask_BTS, G: int):
-  s = jnp.einsum("bkmh,bkhs->bkms", q_BKMH, k_BKHS,
-                 preferred_element_type=jnp.float32) * c.attn_scale
-  if c.attn_logit_softcap:
-    s = jnp.tanh(s / c.attn_logit_softcap) * c.attn_logit_softcap
-  mask_BMS = jnp.tile(mask_BTS, (1, G, 1))  # Row m = (g, t) sees t's keys.
-  return jnp.where(mask_BMS[:, None], s, MASK_VALUE)
+def view_masks(c: ModelConfig, start_B, prefix_slots: int, qi_T,
+               S: int):
+  """[B, T, S] visibility of a view's slots to T new tokens, (all layers',
+  sliding layers'): the view holds each row's prefix in slots
+  [0, prefix_slots) (its own below `start_B`) and then its new tokens, new
+  token t in slot prefix_slots + qi_T[t]. A token sees its row's prefix
+  and the new tokens up to itself; on a sliding layer, within the window
+  (by position)."""
+  s = jnp.arange(S, dtype=jnp.int32)
+  new_S = s >= prefix_slots
+  seen_BTS = ((s[None, :] < start_B[:, None])[:, None, :]
+              | (new_S[None, :] & (s[None, :] - prefix_slots
+                                   <= qi_T[:, None]))[None])
+  if not (c.sliding_window and any(c.sliding_layers)):
+    return seen_BTS, seen_BTS
+  k_pos_BS = jnp.where(new_S[None], start_B[:, None] + s - prefix_slots,
+                       s[None])
+  q_pos_BT = start_B[:, None] + qi_T[None, :]
+  near = (q_pos_BT[:, :, None] - k_pos_BS[:, None, :]) < c.sliding_window
+  return seen_BTS, seen_BTS & near
 
 
-def attend_local(c: ModelConfig, q_BTNH, prefix, start_B, local, qi_T,
-                 sliding: bool):
-  """Softmax attention of T queries over two runs of a row's keys: its
-  prefix (slots [0, start), `prefix` = (keys [B, K, H, S], values
-  [B, K, S, H]) gathered from its pages, or None: no prefix read) and
-  `local` (keys [B, K, H, C], values [B, K, C, H]: this call's new tokens,
-  local slot j at slot start + j). Query t is the new token at local slot
-  `qi_T[t]`: it sees the prefix and local slots up to its own (and, on a
-  sliding layer, those within the window). -> [B, T, N * H]."""
-  B, T, N, H = q_BTNH.shape
-  K = local[1].shape[1]
-  G = N // K
-  q_BKMH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(
-      B, K, G * T, H)
-  C = local[0].shape[3]
-  j = jnp.arange(C, dtype=jnp.int32)
-  local_TC = j[None, :] <= qi_T[:, None]
-  if sliding:
-    local_TC &= (qi_T[:, None] - j[None, :]) < c.sliding_window
-  parts = [(local, jnp.broadcast_to(local_TC[None], (B, T, C)))]
-  if prefix is not None:
-    s = jnp.arange(prefix[0].shape[3], dtype=jnp.int32)
-    seen_BTS = jnp.broadcast_to(s[None, None, :] < start_B[:, None, None],
-                                (B, T, s.shape[0]))
-    if sliding:
-      q_pos_BT = start_B[:, None] + qi_T[None, :]
-      seen_BTS &= (q_pos_BT[:, :, None] - s[None, None, :]) < c.sliding_window
-    parts.insert(0, (prefix, seen_BTS))
-  scores = [_scores(c, q_BKMH, kv[0], mask, G) for kv, mask in parts]
-  top = functools.reduce(jnp.maximum, [jnp.max(s, -1, keepdims=True)
-                                       for s in scores])
-  exps = [jnp.exp(s - top) for s in scores]
-  total = sum(jnp.sum(e, -1, keepdims=True) for e in exps)
-  # Normalised after the values (an [M, H] divide, not one of [M, S]): a
-  # pass fewer over the scores.
-  dt = local[1].dtype
-  o = sum(jnp.einsum("bkms,bksh->bkmh", e.astype(dt), kv[1],
-                     preferred_element_type=jnp.float32)
-          for e, (kv, _) in zip(exps, parts))
-  o = (o / total).astype(dt)
-  return o.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(
-      B, T, N * H)
+def with_new(prefix, k_BTKH, v_BTKH):
+  """A view of the rows' prefix (None: none) and then their new keys and
+  values: keys [B, K, H, S + T], values [B, K, S + T, H]."""
+  k, v = k_BTKH.transpose(0, 2, 3, 1), v_BTKH.transpose(0, 2, 1, 3)
+  if prefix is None:
+    return constrain_view(k), constrain_view(v)
+  return (constrain_view(jnp.concatenate([prefix[0], k], axis=3)),
+          constrain_view(jnp.concatenate([prefix[1], v], axis=2)))
 
 
 # ----------------------------------------------------------- the kernels

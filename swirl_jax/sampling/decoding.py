@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from swirl_jax import sharding as shd
-from swirl_jax.models import decoder, paged
+from swirl_jax.models import attention, decoder, paged
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import distribution
 from swirl_jax.sharding import constrain
@@ -129,60 +129,60 @@ def decode_step(params, cfg: ModelConfig, sp: SamplingParams,
                                                        reason_B))
 
 
-def chunk_prefix(cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
-                 steps: int) -> list:
-  """The xla path's views of the rows' prefix pages, a layer each (None:
-  no prefix), gathered once for a chunk of `steps` steps."""
-  n = paged.prefix_pages(rows, steps, paged.page_size(cache))
+def chunk_views(cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
+                steps: int) -> tuple:
+  """The xla path's views, a layer each, gathered once for a chunk of
+  `steps` steps: keys [B, K, H, S + steps] and values [B, K, S + steps,
+  H], the rows' S prefix slots and then room for the chunk's tokens."""
+  page = paged.page_size(cache)
+  n = paged.prefix_pages(rows, steps, page)
   dt = jnp.dtype(cfg.dtype)
-  return [paged.gather(k, v, rows.table_BN[:, :n], dt) if n else None
-          for k, v in zip(cache["k"], cache["v"])]
+  B, K, H = rows.start_B.shape[0], cfg.num_kv_heads, cfg.head_dim
+  room = jnp.zeros((B, steps, K, H), dt)
+  return tuple(paged.with_new(
+      paged.gather(k, v, rows.table_BN[:, :n], dt) if n else None, room,
+      room) for k, v in zip(cache["k"], cache["v"]))
 
 
-def chunk_buffers(cfg: ModelConfig, rows: int, steps: int) -> tuple:
-  """Zeroed chunk buffers, a layer each: keys [B, K, H, steps] and values
-  [B, K, steps, H]."""
-  K, H, dt = cfg.num_kv_heads, cfg.head_dim, jnp.dtype(cfg.dtype)
-  zeros = lambda *shape: paged.constrain_view(jnp.zeros(shape, dt))
-  return tuple((zeros(rows, K, H, steps), zeros(rows, K, steps, H))
-               for _ in range(cfg.num_layers))
-
-
-def chunk_model(params, cfg: ModelConfig, prefix, start_B, pool_dtype):
-  """The xla path's decode step over `prefix` (`chunk_prefix`) and the
-  chunk buffers it carries (`chunk_buffers`): each step's keys and values
-  go into the buffers at its step (`store_chunk` writes them to their
-  pages after the chunk), so a step reads the prefix once and writes no
-  page. New keys and values are rounded as the pool (`pool_dtype`) stores
+def chunk_model(params, cfg: ModelConfig, start_B, steps: int, pool_dtype):
+  """The xla path's decode step over the views it carries
+  (`chunk_views`): step i writes its keys and values at view slot
+  S + i, one slot for every row (`store_chunk` writes them to their pages
+  after the chunk), so a step reads the view once and writes no page.
+  New keys and values are rounded as the pool (`pool_dtype`) stores
   them."""
   stored = lambda x: x.astype(pool_dtype).astype(x.dtype)
 
-  def model(tok_B, pos_B, active_B, step, bufs):
+  def model(tok_B, pos_B, active_B, step, views):
     del active_B  # A stopped row's later slots are never stored.
+    S_all = views[0][1].shape[2]
+    S = S_all - steps
+    masks = paged.view_masks(cfg, start_B, S, step[None], S_all)
 
     def attend(i, q, k, v, sliding):
-      kb = jax.lax.dynamic_update_slice(
-          bufs[i][0], stored(k).transpose(0, 2, 3, 1), (0, 0, 0, step))
-      vb = jax.lax.dynamic_update_slice(
-          bufs[i][1], stored(v).transpose(0, 2, 1, 3), (0, 0, step, 0))
-      o = paged.attend_local(cfg, q, prefix[i], start_B, (kb, vb),
-                             step[None], sliding)
-      return o, (kb, vb)
+      kv = jax.lax.dynamic_update_slice(
+          views[i][0], stored(k).transpose(0, 2, 3, 1), (0, 0, 0, S + step))
+      vv = jax.lax.dynamic_update_slice(
+          views[i][1], stored(v).transpose(0, 2, 1, 3), (0, 0, S + step, 0))
+      o = attention.attend(cfg, q, kv, vv, masks[int(sliding)],
+                           keys_last=True)
+      return o, (kv, vv)
 
-    h, bufs = decoder.cached_hidden_states(params, cfg, tok_B[:, None],
-                                           pos_B[:, None], attend)
-    return h[:, 0], tuple(bufs)
+    h, views = decoder.cached_hidden_states(params, cfg, tok_B[:, None],
+                                            pos_B[:, None], attend)
+    return h[:, 0], tuple(views)
   return model
 
 
-def store_chunk(cache: paged.Cache, rows: paged.Rows, bufs, num_B):
-  """The pool with each row's first `num_B` chunk tokens written to their
-  pages (after `chunk_model`'s chunk)."""
-  C = bufs[0][1].shape[2]
-  mask_BC = jnp.arange(C, dtype=jnp.int32)[None] < num_B[:, None]
-  pools = [paged.write(kp, vp, rows, kb.transpose(0, 3, 1, 2),
-                       vb.transpose(0, 2, 1, 3), mask_BC)
-           for kp, vp, (kb, vb) in zip(cache["k"], cache["v"], bufs)]
+def store_chunk(cache: paged.Cache, rows: paged.Rows, views, num_B,
+                steps: int):
+  """The pool with each row's first `num_B` chunk tokens (the last
+  `steps` slots of `chunk_model`'s views) written to their pages."""
+  mask_BC = jnp.arange(steps, dtype=jnp.int32)[None] < num_B[:, None]
+  new_k = lambda kv: kv[:, :, :, -steps:].transpose(0, 3, 1, 2)
+  new_v = lambda vv: vv[:, :, -steps:].transpose(0, 2, 1, 3)
+  pools = [paged.write(kp, vp, rows, new_k(kv), new_v(vv), mask_BC)
+           for kp, vp, (kv, vv) in zip(cache["k"], cache["v"], views)]
   return paged.constrain_pool(dict(k=tuple(k for k, _ in pools),
                                    v=tuple(v for _, v in pools)))
 
@@ -192,24 +192,27 @@ def pages_model(params, cfg: ModelConfig, rows: paged.Rows, impl: str):
   ('xla_pages', 'pallas'): it writes its token into its page, then reads
   the rows' pages through their tables."""
   dt = jnp.dtype(cfg.dtype)
+  S = rows.table_BN.shape[1]
 
   def model(tok_B, pos_B, active_B, step, cache):
     del step
     at = paged.Rows(rows.table_BN, pos_B)  # A row's next slot: its position.
+    if impl != "pallas":
+      # The view is the whole table, the new token already in it at slot
+      # pos: a prefix of pos + 1 tokens, the query one slot before its end.
+      S_all = S * paged.page_size(cache)
+      masks = paged.view_masks(cfg, pos_B + 1, S_all,
+                               jnp.full(1, -1, jnp.int32), S_all)
 
     def attend(i, q, k, v, sliding):
       kp, vp = paged.write(cache["k"][i], cache["v"][i], at, k, v,
                            active_B[:, None])
       if impl == "pallas":
-        o = paged.attend_pages(cfg, q, kp, vp, rows.table_BN, pos_B + 1)
-      else:  # The prefix from the pages, the new token as written.
-        stored = lambda x: x.astype(kp.dtype).astype(x.dtype)
-        one = (stored(k).transpose(0, 2, 3, 1),
-               stored(v).transpose(0, 2, 1, 3))
-        o = paged.attend_local(cfg, q, paged.gather(kp, vp, rows.table_BN,
-                                                    dt),
-                               pos_B, one, jnp.zeros(1, jnp.int32), sliding)
-      return o, (kp, vp)
+        return paged.attend_pages(cfg, q, kp, vp, rows.table_BN,
+                                  pos_B + 1), (kp, vp)
+      kv, vv = paged.gather(kp, vp, rows.table_BN, dt)
+      return attention.attend(cfg, q, kv, vv, masks[int(sliding)],
+                              keys_last=True), (kp, vp)
 
     h, pools = decoder.cached_hidden_states(params, cfg, tok_B[:, None],
                                             pos_B[:, None], attend)
@@ -247,10 +250,9 @@ def decode(params, cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
   impl = paged.resolve(cfg)
   chunked = impl == "xla"
   if chunked:
-    kv = chunk_buffers(cfg, B, max_steps)
-    model = chunk_model(params, cfg, chunk_prefix(cfg, cache, rows,
-                                                  max_steps),
-                        rows.start_B, cache["k"][0].dtype)
+    kv = chunk_views(cfg, cache, rows, max_steps)
+    model = chunk_model(params, cfg, rows.start_B, max_steps,
+                        cache["k"][0].dtype)
   else:
     kv, model = cache, pages_model(params, cfg, rows, impl)
   carry = (jnp.zeros((), jnp.int32), kv, logits_BV, rows.start_B, active_B,
@@ -266,7 +268,7 @@ def decode(params, cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
   body = lambda c: decode_step(params, cfg, sp, stop, model, c)
   (_, kv, logits_BV, _, _, state_B, tokens_BN, lps_BN, num_B,
    reason_B) = jax.lax.while_loop(cond, body, carry)
-  cache = store_chunk(cache, rows, kv, num_B) if chunked else kv
+  cache = store_chunk(cache, rows, kv, num_B, max_steps) if chunked else kv
   return DecodeOut(cache, logits_BV, state_B, tokens_BN, lps_BN, num_B,
                    reason_B)
 

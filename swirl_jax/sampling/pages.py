@@ -284,17 +284,18 @@ class PagedDevice:
     return bucket(n, [b for b in self.config.length_buckets
                       if b < self.append_tokens] + [self.append_tokens])
 
-  def _prefix_pages(self, held: int) -> int:
-    """Pages a program reads of its rows' prefixes, `held` tokens the most
-    a row holds: a cache bucket past it, within the limit (0: none)."""
+  def _prefix_pages(self, held: int, new: int) -> int:
+    """Pages a program of `new` tokens a row reads of its rows' prefixes,
+    `held` tokens the most a row holds (0: none): with the new tokens, a
+    cache bucket past held + new, as a contiguous cache would read."""
     if held == 0:
       return 0
-    most = self.row_pages * self.page
-    return min(bucket(held, self.config.cache_buckets), most) // self.page
+    total = bucket(held + new, self.config.cache_buckets)
+    return min(paged.pages_for(total - new, self.page), self.row_pages)
 
   def _append(self, rows, pieces, stops) -> None:
     T = self._piece_len(max(len(p) for p in pieces))
-    n = self._prefix_pages(max(len(r.seat.tokens) for r in rows))
+    n = self._prefix_pages(max(len(r.seat.tokens) for r in rows), T)
     A = self.decode_batch  # Rows: one shape, padded with the scratch entry.
     self.shapes["append", A, T, n] += 1
     tokens, mask = np.zeros((A, T), np.int32), np.zeros((A, T), bool)
@@ -345,7 +346,8 @@ class PagedDevice:
     self._take(rows, max_new)
     self._restore(rows)
     R = bucket(len(rows), self.config.batch_buckets)
-    n = self._prefix_pages(max(len(r.seat.tokens) for r in rows))
+    n = self._prefix_pages(max(len(r.seat.tokens) for r in rows),
+                           self.steps)
     self.shapes["decode", R, n] += 1
     out = self._call(decode, self._decode_args(
         rows, draws, max_new, R, n, stop_strings), steps=self.steps)
@@ -374,27 +376,32 @@ class PagedDevice:
 
   # -- every program, ahead of time --
 
-  def prefixes(self) -> list[int]:
-    """Every prefix (in pages) a program may read: none, then each cache
-    bucket up to the limit."""
-    return [0] + [n // self.page for n in buckets_upto(
-        self.row_pages * self.page, self.config.cache_buckets)]
+  def pieces(self) -> list[int]:
+    """Every piece (tokens a row) an append program may take."""
+    return sorted({self._piece_len(n)
+                   for n in range(1, self.append_tokens + 1)})
 
-  def _programs(self, M: int, stop_strings, prefixes):
+  def prefixes(self, new: int) -> list[int]:
+    """Every prefix (in pages) a program of `new` tokens a row may read."""
+    return sorted({self._prefix_pages(held, new)
+                   for held in range(self.limit + 1)})
+
+  def _programs(self, M: int, stop_strings, full: bool = False):
     """(program, args, static) of every call shape a run can make, on the
     scratch entry (M) only: appends of each piece bucket and decode chunks
-    of each row bucket up to the decode batch, at each prefix."""
+    of each row bucket up to the decode batch, at each prefix they may
+    read (`full`: only the whole context's)."""
     A, page = self.decode_batch, self.page
-    pieces = sorted({self._piece_len(n)
-                     for n in range(1, self.append_tokens + 1)})
     pad = lambda n, width: (np.full(n, M, np.int32),
                             np.zeros((n, width), np.int32),
                             np.zeros(n, np.int32))
-    for n in prefixes:
-      for T in pieces:
+    at = lambda new: [self.row_pages] if full else self.prefixes(new)
+    for T in self.pieces():
+      for n in at(T):
         yield append, pad(A, n + paged.pages_for(T, page)) + (
             np.zeros(A, np.int32), np.zeros((A, T), np.int32),
             np.zeros((A, T), bool)), {}
+    for n in at(self.steps):
       if n == 0:  # A decoding row holds a token at least.
         continue
       for R in buckets_upto(A, self.config.batch_buckets):
@@ -411,8 +418,7 @@ class PagedDevice:
     if key in self._precompiled:
       return
     self._precompiled.add(key)
-    for program, args, static in self._programs(self._M, stop_strings,
-                                                self.prefixes()):
+    for program, args, static in self._programs(self._M, stop_strings):
       self._call(program, args, **static)
 
   def lowerable(self, rows: int, stop_strings, pages: int = 0
@@ -438,7 +444,7 @@ class PagedDevice:
     out = {}
     T, R = self._piece_len(self.append_tokens), self.decode_batch
     for program, args, static in self._programs(rows, stop_strings,
-                                                [self.row_pages]):
+                                                full=True):
       if (args[-1].shape[1] == T if program is append
           else args[0].shape[0] == R):
         out[program.__name__] = Lowerable(
