@@ -157,18 +157,19 @@ def test_fixed_programs_and_live_prefix(tiny, calc_tools):
   with compile_events.counting() as second_compiles:
     eng.run(synthetic.arithmetic_tasks(4, seed=7))
   second = set(eng.shapes)
-  programs = lambda c: sum(compile_events.slot_programs(c).values())
-  assert programs(first_compiles) <= len(first) + 1  # And the cache.
+  programs = lambda c: sum(compile_events.cache_programs(c).values())
+  assert programs(first_compiles) <= len(first) + 1  # And the pool.
   assert programs(second_compiles) <= len(second - first)
   assert len(first | second) <= 8, first | second
-  longest = max(k[-1] for k in first | second)
-  assert longest <= 384 < eng.device.S
+  longest = max(k[-1] for k in first | second)  # Prefix pages read.
+  assert longest * eng.device.page <= 384 < eng.device.limit
 
 
 def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
   """With `precompile`, the first rollout compiles the whole fixed set
-  (appends: piece buckets x read lengths at the decode batch; decode: row
-  buckets x read lengths) before it starts, and no rollout compiles more;
+  (appends: piece buckets x prefixes at the decode batch; decode: row
+  buckets x prefixes but none) before it starts, and no rollout compiles
+  more;
   a prompt longer than a piece is appended in pieces, with the same
   tokens as the lock-step oracle's."""
   cfg, params, tok, _ = tiny
@@ -182,18 +183,19 @@ def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
   want = ref.run(tasks)
   with compile_events.counting() as compiles:
     _same(want, eng.run(tasks))
-  read_lens = eng.device.read_lens()
-  assert read_lens == [256, 384, 512, 513]
-  # Pieces of 16 or 32 tokens; 1 or 2 decode rows (the oracle's cache of
+  prefixes = eng.device.prefixes()  # Pages of 64 tokens.
+  assert prefixes == [0, 4, 6, 8]
+  # Pieces of 16 or 32 tokens; 1 or 2 decode rows (the oracle's pool of
   # as many rows has been allocated already).
-  assert compile_events.slot_programs(compiles) == {
-      "jit(append)": len(read_lens) * 2, "jit(decode)": len(read_lens) * 2}
+  assert compile_events.cache_programs(compiles) == {
+      "jit(append)": len(prefixes) * 2,
+      "jit(decode)": (len(prefixes) - 1) * 2}
   assert max(k[2] for k in eng.shapes if k[0] == "append") == 32
   assert min(len(t.prompt_ids) for t in want) > 32
   eng.config = dataclasses.replace(rc, seed=11)
   with compile_events.counting() as compiles:
     eng.run(synthetic.arithmetic_tasks(3, seed=9))
-  assert not compile_events.slot_programs(compiles)
+  assert not compile_events.cache_programs(compiles)
 
 
 def test_tools_run_while_others_decode(tiny):
@@ -288,8 +290,8 @@ for temperature in (0.0, 1.0):
                                for g in dev.groups]
       dev = dev.groups[1]
     dev.open(2, 2)
-    k = dev._dev[0]["k"][0]
-    out[f"k_shard_{name}"] = k.addressable_shards[0].data.shape[1] / k.shape[1]
+    k = dev._dev[0]["k"][0]  # [K, P, page, H]: KV heads over 'tensor'.
+    out[f"k_shard_{name}"] = k.addressable_shards[0].data.shape[0] / k.shape[0]
     q = dev._params["layers"][0]["attn"]["q"]
     out[f"q_shard_{name}"] = q.addressable_shards[0].data.size / q.size
 print(json.dumps(out))
@@ -299,7 +301,7 @@ print(json.dumps(out))
 def test_tensor_parallel_engine_equals_one_device():
   """Decode tensor parallel (weights and KV heads over 'tensor', every row
   of a group on each of its devices), and with 2 data groups of 2 (rows
-  over 'data'; the engine's slots spread over one cache per group): the
+  over 'data'; the engine's rows spread over one pool per group): the
   same trajectories as one device, token for token, greedy and seeded;
   log-probs to float rounding."""
   import fresh_process  # pylint: disable=g-import-not-at-top

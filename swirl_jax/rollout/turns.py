@@ -27,7 +27,7 @@ import numpy as np
 from swirl_jax import config_lib, distributed
 from swirl_jax.rollout import prompts
 from swirl_jax.rollout.records import Trajectory, Turn
-from swirl_jax.sampling.device import Draw
+from swirl_jax.sampling.device import Draw, Seat
 from swirl_jax.tasks.records import Task
 from swirl_jax.tools import parsing
 from swirl_jax.tools.registry import BatchTool
@@ -82,7 +82,7 @@ class Row:
   """One trajectory in flight (a `device.Row`)."""
   traj: Trajectory
   index: int = 0  # Position in the rollout's pairs.
-  slot: int = -1  # Its cache row.
+  seat: Seat | None = None  # Its place on the device (the device's).
   phase: str = "pending"  # prefill | decode | tool | append | done
   done: bool = False
   turn: Turn | None = None  # The turn being sampled.
@@ -91,7 +91,7 @@ class Row:
   seg_tokens: list = dataclasses.field(default_factory=list)
   seg_lps: list = dataclasses.field(default_factory=list)
   budget: int = 0  # New tokens left in this turn.
-  length: int = 0  # Tokens of context in the cache.
+  length: int = 0  # Tokens of context it holds.
   response_tokens: int = 0
   obs: list[int] | None = None  # Ids to append next (the prompt first).
   call: tuple | None = None  # (tool, argument, final) being run.
