@@ -208,7 +208,8 @@ class RolloutEngine(turns.Schedule):
       self._stats["decode_s"] += time.perf_counter() - t2
     elif futures:
       self._collect(futures, block=True)
-    elif not moved and live:
+    elif not moved and any(r.phase != "done" for r in live):
+      # (A row a tool call ended at the loop's top is done, not stuck.)
       raise RuntimeError("no row could advance: the page pool holds less "
                          "than its oldest row needs")
 
