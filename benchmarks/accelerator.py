@@ -2,7 +2,7 @@ r"""Train-step MFU and decode speed against the chip's roofline, on one device.
 
 Random-weight models through the project's own train step (`TrainStep`,
 `state.create`; clipped surrogate, AdamW, fp32 master weights, bf16
-compute) and sampler (`Sampler`'s slot cache as `generate` drives it: bf16
+compute) and sampler (`Sampler`'s page pool as `generate` drives it: bf16
 weights and cache, greedy, EOS off so every row writes every token):
 
   --models      presets trained (batch x length) and decoded (decode_batch
@@ -22,8 +22,13 @@ layers reach 69.6 GiB, the most within 90% of 78 GiB; 6 (59.8 GiB) leave
 room for a GPU's own layout. Without remat a layer keeps ~24 GiB of
 activations at 16k tokens: only one layer would fit.
 A big decode case the device cannot hold is skipped with what it needs
-(`decode_memory`): the decode program works on a gathered copy of its rows'
-cache, so 256 rows x 4,224 slots of the 7B (62 GB of KV) need ~140 GB.
+(`decode_memory`): the weights, the rows' pages and their logits. On a GPU
+the decode reads the pages in place (the Pallas kernel), so 256 rows x
+4,224 tokens of the 7B (62 GB of K/V) need ~78 GB, within an 80 GB card's
+95% (accelerator_gpu.sh); the slot cache, which decoded on a gathered copy
+of its rows' cache, needed ~140 GB and was skipped. (Compiled for the CPU
+the same program shows far more: XLA:CPU writes a bf16 pool by converting
+it to f32 and back.)
 
   python benchmarks/accelerator.py [--models=qwen2_5_0_5b,smollm2_135m]
       [--attention_impl=auto] [--batch=8 --length=2048 --remat=none]
@@ -72,10 +77,10 @@ import numpy as np
 from swirl_jax import chips
 from swirl_jax import fit_programs
 from swirl_jax import sharding as shd
-from swirl_jax.models import attention, decoder, presets
+from swirl_jax.models import attention, decoder, paged, presets
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import sampler as sampler_lib
-from swirl_jax.sampling.device import Draw, SlotRow
+from swirl_jax.sampling.device import Draw, PlainRow
 from swirl_jax.training import optimizer
 from swirl_jax.training import state as state_lib
 from swirl_jax.training import step as step_lib
@@ -206,37 +211,47 @@ def decode_bytes(cfg: ModelConfig, b: int, prompt: int, new: int) -> float:
 
 
 def decode_memory(cfg: ModelConfig, rows: int, context: int) -> float:
-  """Bytes a decode needs at least: the bf16 weights, the slot cache
-  (rows + the scratch row) and the rows' gathered copy that the decode
-  program works on (`slots._gather`), and the carried fp32 logits."""
+  """Bytes a decode needs at least on a GPU or TPU: the bf16 weights, the
+  rows' pages (`context` tokens each, in pages of `SamplerConfig`'s size),
+  read in place by the Pallas kernel, and the carried fp32 logits (as
+  read, updated and written back)."""
   weights = sum(x.size for x in jax.tree.leaves(
       decoder.abstract_params(cfg))) * 2
-  kv = (rows + 1) * (context + 1) * kv_bytes_per_slot(cfg)
-  return weights + 2 * kv + 3 * (rows + 1) * cfg.vocab_size * 4
+  page = sampler_lib.SamplerConfig().page_size
+  kv = rows * paged.pages_for(context, page) * page * kv_bytes_per_slot(cfg)
+  return weights + kv + 3 * (rows + 1) * cfg.vocab_size * 4
 
 
-@functools.partial(jax.jit, static_argnames=("length",), donate_argnums=(0,))
-def _filled(dev, key, *, length: int):
-  """A slot cache's state (cache, logits, stop states) as if each row held
-  `length` tokens of random context: a decode at a long context without
-  compiling the prefill's programs (whose time is not measured anyway)."""
-  cache, logits, stop = dev
-  M, S = cache["valid"].shape
-  keys = iter(jax.random.split(key, 2 * len(cache["k"]) + 1))
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _random_pool(dev, key):
+  """A pool's state (pages, logits, stop states) with random pages and
+  logits."""
+  pool, logits, stop = dev
+  keys = iter(jax.random.split(key, 2 * len(pool["k"]) + 1))
   rand = lambda x: jax.random.normal(next(keys), x.shape, x.dtype)
-  slot = jnp.broadcast_to(jnp.arange(S, dtype=cache["pos"].dtype), (M, S))
-  cache = dict(cache, k=tuple(map(rand, cache["k"])),
-               v=tuple(map(rand, cache["v"])), pos=slot,
-               valid=slot < length,
-               index=jnp.full((M,), length, cache["index"].dtype))
-  return cache, rand(logits), stop
+  return (dict(k=tuple(map(rand, pool["k"])), v=tuple(map(rand, pool["v"]))),
+          rand(logits), stop)
+
+
+def _filled(dev, rows, length: int, key) -> None:
+  """Seats `rows` on `dev` as if each held `length` tokens of random
+  context (their pages hold random keys and values): a decode at a long
+  context without compiling the prefill's programs (whose time is not
+  measured anyway)."""
+  if not dev.reserve(rows, [length] * len(rows)):
+    raise RuntimeError(f"{len(rows)} rows of {length} tokens do not fit "
+                       "the pool")
+  for r in rows:
+    r.seat.tokens = [0] * length
+  # pylint: disable-next=protected-access
+  dev._dev = _random_pool(dev._dev, key)
 
 
 def bench_decode(cfg: ModelConfig, rows: int, prompt_len: int,
                  new_tokens: int, reps: int, fill: bool = False,
                  profile_dir: str | None = None) -> dict:
   """Seconds of `new_tokens` decode steps over `rows` rows, one chunk on
-  the sampler's slot cache (its device, as `Sampler.generate` drives it).
+  the sampler's page pool (its device, as `Sampler.generate` drives it).
   The context is a prefill of random prompts, or with `fill` random cache
   contents (`_filled`). `profile_dir`: the last chunk runs inside a
   `jax.profiler` trace (with a Perfetto JSON) written there."""
@@ -252,10 +267,9 @@ def bench_decode(cfg: ModelConfig, rows: int, prompt_len: int,
   times = []
   for _ in range(1 + reps):  # The first call compiles.
     dev.open(rows, rows)
-    rows_ = [SlotRow(i, p, new_tokens) for i, p in enumerate(prompts)]
+    rows_ = [PlainRow(i, p, new_tokens) for i, p in enumerate(prompts)]
     if fill:
-      # pylint: disable-next=protected-access
-      dev._dev = _filled(dev._dev, jax.random.key(1), length=prompt_len)
+      _filled(dev, rows_, prompt_len, jax.random.key(1))
     else:
       dev.append(rows_, fresh=True)
     for r in rows_:

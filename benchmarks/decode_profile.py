@@ -1,5 +1,5 @@
 r"""Where a decode step's time goes: a `jax.profiler` trace of one decode
-chunk on the sampler's slot cache, summarised per step.
+chunk on the sampler's page pool, summarised per step.
 
 The model is a random-weight preset (bf16) whose rows hold `--context`
 tokens of random cache contents (`accelerator._filled`); one chunk of

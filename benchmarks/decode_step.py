@@ -12,10 +12,11 @@ Truncation: top-k 50 then top-p 0.95 over 16 rows of 49,152 logits, as
 `distribution.sample_tokens` draws them (from `lax.top_k` candidates)
 against the same draw from a full sort of the vocabulary.
 
-The whole step: SmolLM2-135M itself (the bundled GGUF) writing one token
-per row into caches of 128, 256 and 1,024 slots, without and with the
+The whole step: SmolLM2-135M itself (the bundled GGUF) decoding one token
+per row over 128, 256 and 1,024 tokens of context in the page pool (the
+CPU path's step: prefixes gathered once a chunk), without and with the
 output head (`step_S_ms`, `step_head_S_ms`); the slope over S is
-attention and the cache writes.
+attention.
 
 Each is timed as the best of `--repeats` calls, the alternatives
 alternating, so a busy moment hits both.
@@ -37,8 +38,9 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
 from swirl_jax import paths  # pylint: disable=g-import-not-at-top
-from swirl_jax.models import decoder, gguf_io
+from swirl_jax.models import decoder, gguf_io, paged
 from swirl_jax.sampling import decoding, distribution
+from swirl_jax.sampling.sampler import SamplerConfig
 
 import common  # pylint: disable=g-bad-import-order
 
@@ -90,32 +92,39 @@ def _draw(truncate):
 
 
 def _model_steps(batch: int, repeats: int) -> dict:
-  """ms of a cached one-token step, by cache size, without / with head."""
+  """ms of a cached one-token step, by context, without / with head: the
+  CPU path's step (`decoding.chunk_model`: each layer's view of its rows'
+  prefix, gathered from the pages once a chunk, read every step, the
+  step's keys and values written into the view)."""
   cfg, params = gguf_io.load_gguf(paths.smollm2_gguf_path())
   params = jax.jit(decoder.split_layers)(params)
-  tok = jnp.ones((batch, 1), jnp.int32)
-  mask = jnp.ones((batch, 1), bool)
+  tok = jnp.ones((batch,), jnp.int32)
+  active = jnp.ones((batch,), bool)
+  page, chunk = SamplerConfig().page_size, 8
 
-  def step(head, p, c, pos):
-    h, c = decoder.hidden_states(p, cfg, tok, pos, mask, c)
-    c["index"] = c["index"] - 1  # Rewrite the same slot every call.
+  def step(head, p, views, start):
+    model = decoding.chunk_model(p, cfg, start, chunk, jnp.float32)
+    # Step 0 every call: the same view slot is rewritten.
+    h, views = model(tok, start, active, jnp.zeros((), jnp.int32), views)
     if head:
-      h = decoding._logits_at(p, cfg, h[:, 0])  # pylint: disable=protected-access
+      h = decoding._logits_at(p, cfg, h)  # pylint: disable=protected-access
       h = (jnp.argmax(h, -1), jax.nn.logsumexp(h, -1))
-    return h, c
+    return h, views
 
   out = {}
   for size in (128, 256, 1024):
+    n = size // page + 1  # The prefix's pages, and room for the chunk.
+    pool = paged.init(cfg, batch * n, page)
+    rows = paged.Rows(jnp.arange(batch * n, dtype=jnp.int32).reshape(
+        batch, n), jnp.full((batch,), size - 2, jnp.int32))
+    views = jax.jit(lambda p, r: decoding.chunk_views(cfg, p, r, chunk))(
+        pool, rows)
     for head in (False, True):
       fn = jax.jit(functools.partial(step, head), donate_argnums=1)
-      c = decoder.init_cache(cfg, batch, size)
-      c["index"] = jnp.asarray(size - 2, jnp.int32)
-      c["valid"] = c["valid"].at[:, :size - 2].set(True)
-      pos = jnp.full((batch, 1), size - 2)
-      state = {"cache": c}
+      state = {"views": jax.tree.map(jnp.copy, views)}
 
-      def call():  # Each call takes the cache the last one returned.
-        h, state["cache"] = fn(params, state["cache"], pos)  # pylint: disable=cell-var-from-loop
+      def call():  # Each call takes the views the last one returned.
+        h, state["views"] = fn(params, state["views"], rows.start_B)  # pylint: disable=cell-var-from-loop
         jax.block_until_ready(h)
 
       call()  # Compiles.

@@ -3,7 +3,7 @@ r"""Rollout wall time: the lock-step loop against the engine, one workload.
 A SimpleTIR-shaped workload run through the lock-step schedule of
 tests/lockstep.py (every turn waits for its longest row, then for every
 tool call of the batch) and `engine.RolloutEngine` (continuous batching,
-tools beside decode), same model, slot cache, programs' kernels, tasks,
+tools beside decode), same model, page pool, programs' kernels, tasks,
 seed and sandbox, in one run. The model is the SimpleTIR CPU
 demo's "mini" policy shape (random weights, the bundled vocabulary); EOS
 and stop strings are off and each turn samples exactly its replayed length
@@ -39,8 +39,12 @@ on the chip and tools on the host's CPUs on an accelerator host.
 Prints a summary, then one JSON line.
 
   python benchmarks/rollout.py [--prompts=8] [--group=4] [--slots=32]
-      [--decode-batch=16] [--chunk-steps=8] [--temperature=0] [--replay=F]
-      [--split-cores]
+      [--pages=0] [--decode-batch=16] [--chunk-steps=8] [--temperature=0]
+      [--replay=F] [--split-cores]
+
+`--pages` sizes the engine's page pool (0: every row at the cache's
+limit); a smaller pool makes the engine preempt rows and recompute them
+(`engine_preempted`, `engine_recomputed_tokens`).
 """
 
 import argparse
@@ -221,8 +225,8 @@ class Recorded:
 
 def main(argv=None):
   p = argparse.ArgumentParser()
-  common.int_flags(p, sep="-", prompts=8, group=4, slots=32, decode_batch=16,
-                   chunk_steps=8)
+  common.int_flags(p, sep="-", prompts=8, group=4, slots=32, pages=0,
+                   decode_batch=16, chunk_steps=8)
   p.add_argument("--temperature", type=float, default=0.0)
   p.add_argument("--replay", default=str(RECORDED) if RECORDED.exists()
                  else "", help="recorded turns (`record`); '' generates them")
@@ -247,7 +251,8 @@ def main(argv=None):
                               max_new_tokens=MAX_NEW,
                               max_response_tokens=MAX_RESPONSE,
                               temperature=a.temperature, seed=0)
-  ec = engine_lib.EngineConfig(slots=a.slots, decode_batch=a.decode_batch,
+  ec = engine_lib.EngineConfig(slots=a.slots, pages=a.pages,
+                               decode_batch=a.decode_batch,
                                chunk_steps=a.chunk_steps, precompile=True)
   tasks = synthetic.arithmetic_tasks(a.prompts, seed=0)
   lengths, act = turn_length, action
@@ -308,12 +313,15 @@ def main(argv=None):
       engine_decode_s=em.get("decode_s", 0.0),
       engine_append_s=em.get("append_s", 0.0),
       engine_decode_chunks=em.get("decode_chunks", 0.0),
+      engine_preempted=em.get("preempted", 0.0),
+      engine_recomputed_tokens=em.get("recomputed_tokens", 0.0),
       lockstep_longest_row_share=lm["longest_row_share"],
       engine_longest_row_share=em["longest_row_share"],
       tokens=em["tokens"], tool_calls=em["tool_calls"], rows=len(et),
       turns=float(np.mean([len(t.turns) for t in et])),
       engine_programs=programs["engine"],
-      slots=a.slots, decode_batch=a.decode_batch, chunk_steps=a.chunk_steps,
+      slots=a.slots, pages=a.pages, decode_batch=a.decode_batch,
+      chunk_steps=a.chunk_steps,
       temperature=a.temperature, replay=a.replay,
       split_cores=a.split_cores, decode_cpus=sorted(DECODE_CPUS),
       tool_cpus=list(TOOL_CPUS), load_before=load_before,

@@ -17,7 +17,7 @@ machine's XLA gives a matmul of its shape (`ceiling_tok_s`).
   python benchmarks/sampler.py [--batch=16] [--repeats=3]
       [--tunix-python=/path/to/python]
 
-`extend` runs on the slot cache, as the rollout engine appends a tool's
+`extend` runs on the page pool, as the rollout engine appends a tool's
 observation (`Device.append`).
 
 `--tunix-python` adds Tunix's sampler as a second peer, run in that
@@ -44,7 +44,7 @@ import numpy as np
 from swirl_jax import paths
 from swirl_jax.models import gguf_io, hf_io
 from swirl_jax.sampling import sampler as sampler_lib
-from swirl_jax.sampling.device import SlotRow
+from swirl_jax.sampling.device import PlainRow
 
 import common  # pylint: disable=g-bad-import-order
 
@@ -111,13 +111,13 @@ def transformers_runner(model_dir, prompts, new_tokens, threads):
 def bench_extend(sampler, context: int, obs_len: int, batch: int,
                  repeats: int) -> float:
   """Milliseconds for one append of `obs_len` tokens per row, to rows of
-  the slot cache that hold `context` tokens (the engine's observation)."""
+  the page pool that hold `context` tokens (the engine's observation)."""
   limit = context + obs_len
   dev = sampler.device(batch, 1, append_tokens=limit, limit=limit)
   times = []
   for i in range(repeats + 1):
     dev.open(batch, batch)
-    rows = [SlotRow(j, list(range(200, 200 + context)))
+    rows = [PlainRow(j, list(range(200, 200 + context)))
             for j in range(batch)]
     dev.append(rows, fresh=True)
     for r in rows:

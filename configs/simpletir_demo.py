@@ -2,38 +2,56 @@ r"""SimpleTIR on a CPU: GRPO with the Python sandbox, small.
 
   python -m swirl_jax.main --config=configs/simpletir_demo.py \
       --workdir=/tmp/simpletir_demo
-  # The void-filter ablation, same seed and size, reusing the warm start:
-  python -m swirl_jax.main \
-      --config=configs/simpletir_demo.py:filter_void=False,warmstart_from=/tmp/simpletir_demo \
-      --workdir=/tmp/simpletir_demo_no_void
-  python -m swirl_jax.simpletir.report void_filter=/tmp/simpletir_demo \
-      no_void_filter=/tmp/simpletir_demo_no_void
 
-Synthetic arithmetic word problems. SmolLM2-135M writes no working code at
-this size (every rollout void, reward 0), so, as in configs/demo.py, a
-"mini" policy is first warm-started on demonstrations that solve each step
-in a ```python block and box the answer; then SimpleTIR's loop runs as in
-the paper: G rollouts per prompt at temperature 1 through the sandbox
-(5 turns), 1/0 rewards, void-turn filtering, GRPO advantages, group
-filters, and the clipped surrogate (0.2 / 0.28, dual clip 3, no KL).
+Problems a small policy cannot answer without running code ("What is the
+remainder of 47 * 86 divided by 51?", `synthetic.compute_tasks`). A
+"mini" policy (4 layers, a vocabulary learnt for the task) is
+warm-started on a mix of
+demonstrations (`tasks/demonstrations.py`): half run the expression in a
+```python block and box the printed value, the rest answer without code
+(a guess), write code that fails, or leave a block unclosed (a void
+turn). The base policy so solves some problems, and errs whenever it
+skips the tool. Then SimpleTIR's loop runs as in the paper: G rollouts per
+prompt at temperature 1 through the sandbox, 1/0 rewards, void-turn
+filtering, GRPO advantages, group filters, and the clipped surrogate
+(0.2 / 0.28, dual clip 3, no KL).
 
 Outputs in the workdir: metrics.jsonl, report.md and reward.png (reward
 and void rate per iteration), rollouts/, checkpoints, warmstart/.
 
 Args: filter_void, warmstart_from (a workdir whose warm start to reuse),
 smoke (a 1-minute run, for tests), seed, seeds (> 0: seeds 0 .. seeds-1
-in <workdir>/seed_<s>, each warm-started, trained and evaluated on the
-held-out problems with the base policy beside it; the table's mean and
-spread in <workdir>/seeds.md; job `simpletir_seeds`,
-swirl_jax/simpletir/seeds.py):
+in <workdir>/seed_<s>, each warm-started, trained and evaluated on 128
+held-out problems, avg@4, with the base policy beside it; the table's
+mean and spread in <workdir>/seeds.md; job `simpletir_seeds`,
+swirl_jax/simpletir/seeds.py), ablation ('void': with seeds, each seed
+trains the void filter on and off from its one warm start):
 
   python -m swirl_jax.main --config=configs/simpletir_demo.py:seeds=3 \
       --workdir=/tmp/simpletir_seeds
+  python -m swirl_jax.main \
+      --config=configs/simpletir_demo.py:seeds=3,ablation=void \
+      --workdir=/tmp/simpletir_void
+
+staleness (k > 0: rollouts sampled k policy versions behind the update,
+while it runs; swirl_jax/simpletir/pipeline.py), with truncated importance
+sampling (loss.tis_cap = TIS_CAP), which it needs with the trainer's old
+log-probs. With seeds, each seed trains two arms from one warm start, the
+synchronous loop ('sync') and staleness k ('staleness_k'), both with TIS,
+and the table gives each one's held-out gain over the base with its
+spread over the seeds:
+
+  python -m swirl_jax.main \
+      --config=configs/simpletir_demo.py:seeds=3,staleness=1 \
+      --workdir=/tmp/simpletir_staleness
 """
 
 import os
 
 from swirl_jax import config_lib, warmstart
+
+ABLATIONS = {"": (), "void": (("void_filter", "grpo.filter_void", True),
+                              ("no_void_filter", "grpo.filter_void", False))}
 
 
 def _simpletir_math():
@@ -41,31 +59,56 @@ def _simpletir_math():
       os.path.join(os.path.dirname(__file__), "simpletir_math.py"))
 
 
+# Truncated importance sampling's cap with staleness (verl's TIS default).
+TIS_CAP = 2.0
+
+
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, filter_void=True, warmstart_from="",
-                           smoke=False, seed=0, seeds=0)
+                           smoke=False, seed=0, seeds=0, ablation="",
+                           staleness=0)
+  if a.ablation not in ABLATIONS:
+    raise config_lib.ConfigError(f"ablation {a.ablation!r}; valid: "
+                                 f"{', '.join(map(repr, ABLATIONS))}")
+  if a.ablation and a.staleness:
+    raise config_lib.ConfigError("ablation and staleness are two seed "
+                                 "comparisons: give one of them")
   c = _simpletir_math().get_config(
-      f"model=mini,data=synthetic_arith,runlocal=True,"
+      f"model=mini,data=synthetic_compute,runlocal=True,"
       f"filter_void={a.filter_void},seed={a.seed}")
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
   w = c.warmstart = warmstart.cpu_demo_config("simpletir", a.seed)
+  # Half the demonstrations run code; the rest err in the ways GRPO and
+  # the void filter are about (module docstring).
+  w.mix = dict(tool=0.5, direct=0.25, bad_code=0.1, void=0.15)
   if a.warmstart_from:
     w.enabled = False
     c.model.checkpoint = c.model.tokenizer = str(
         warmstart.hf_dir(a.warmstart_from))
   c.prompts_per_step, c.grpo.group_size = 16, 8
   c.grpo.accuracy_band = (0.1, 0.9)  # SimpleTIR's.
-  c.num_iterations = 16
+  c.num_iterations = 10
   c.void_grad_every = 2  # The void rows' gradient vs the kept rows'.
-  c.rollout.update(max_turns=5, max_new_tokens=48, max_response_tokens=320)
-  c.max_seq_len = c.sampler.max_cache_len = 768
+  c.rollout.update(max_turns=3, max_new_tokens=32, max_response_tokens=96)
+  c.max_seq_len = c.sampler.max_cache_len = 256
+  # Held out: 128 problems no training or demonstration split holds,
+  # 4 samples each at the training temperature (avg@4, pass@4).
+  c.eval.update(limit=128, k=4, max_turns=3, temperature=1.0, top_p=1.0,
+                max_new_tokens=32, max_response_tokens=96, max_cache_len=256)
   t = c.train
   t.mini_batch_size = 64
-  t.optim.lr = 1e-4  # 1e-3 collapses a policy this small (configs/demo.py).
-  t.checkpoint_every = 8
+  t.optim.lr = 2e-4  # Tool use near 0.9 in 5 iterations (1e-4: in 10).
+  t.checkpoint_every = 5
   c.seeds = a.seeds
+  c.arms = ABLATIONS[a.ablation]
   if a.seeds:
     c.job = "simpletir_seeds"
+  if a.staleness:
+    c.staleness = a.staleness
+    t.loss.tis_cap = TIS_CAP
+    if a.seeds:  # Both arms from one warm start, both with TIS.
+      c.arms = (("sync", "staleness", 0),
+                (f"staleness_{a.staleness}", "staleness", a.staleness))
   if a.smoke:
     w.update(tasks=32)
     w.train.update(num_steps=4)
@@ -75,6 +118,7 @@ def get_config(arg=None):
     c.num_iterations = 2
     c.void_grad_every = 0
     c.rollout.update(max_turns=2, max_new_tokens=24)
+    c.eval.update(limit=4, k=2)
     t.mini_batch_size = 8
   t.num_steps = 0  # Derived at job start (simpletir.train.resolve).
   return c

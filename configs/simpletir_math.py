@@ -78,6 +78,12 @@ def get_config(arg=None):
   # sampler's. The sampler's always feed the mismatch metrics.
   c.old_logprobs = "trainer"
   c.log_mismatch = True  # Sampler-trainer mismatch metrics each iteration.
+  # Bounded staleness (swirl_jax/simpletir/pipeline.py): 0 samples each
+  # iteration with the policy it updates, then trains (SimpleTIR's loop);
+  # k >= 1 samples iteration i with the policy after i - k iterations
+  # while the trainer updates. With old_logprobs='trainer' it needs
+  # train.loss.tis_cap > 0 (the behaviour ratio of the version sampled).
+  c.staleness = 0
   # 0, 0: decode from 1B params on all of a host's devices, as data groups
   # of tensor-parallel devices (`sampler.decode_layout`).
   c.sampler = dict(max_cache_len=18432, tensor_parallel=0,

@@ -19,9 +19,10 @@ that, on top of `jax.distributed` and one all-gather (`_allgather`):
   as messages, only their counts do).
 - `gather(rows)` / `to_host(x)`: values every host needs, from
   process-local rows or from globally sharded arrays (never a `device_get`
-  of a non-addressable array); `mean_over_hosts(metrics)`: each host's
-  metrics as one; `to_local(tree, shardings)`: this host's copy of global
-  arrays on its own mesh, device to device.
+  of a non-addressable array); `gather_rows(x)` / `gather_own_rows(x)`:
+  every host's rows, any count each (and which of them are this host's);
+  `to_local(tree, shardings)`: this host's copy of global arrays on its
+  own mesh, device to device.
 - `is_writer()`, `one_writer(what)`: one process writes each file;
   `take_turns(fn, what)`: each host appends its own records to a file, in
   host order; `host_file(path)`: a file of this host's own.
@@ -409,27 +410,20 @@ def _take_rows(x, index, out_sharding):
 def gather_rows(x: np.ndarray) -> np.ndarray:
   """Every host's rows of a small array (any count each), end to end by
   host."""
+  return gather_own_rows(x)[0]
+
+
+def gather_own_rows(x: np.ndarray) -> tuple[np.ndarray, slice]:
+  """`gather_rows(x)`, and the slice of it that is this host's `x`."""
   x = np.asarray(x)
   counts = np.reshape(gather(np.int64([len(x)])), -1)
   most = int(counts.max())
   rows = np.reshape(gather(np.concatenate(
       [x, np.zeros((most - len(x),) + x.shape[1:], x.dtype)])),
                     (len(counts), most) + x.shape[1:])
-  return np.concatenate([r[:n] for r, n in zip(rows, counts)])
-
-
-def mean_over_hosts(metrics: Mapping[str, float],
-                    mins: Sequence[str] = ()) -> dict[str, float]:
-  """Each host's metrics of its own rows as one: a key's mean over the
-  hosts that report it (exact for means over equal blocks of rows), or
-  its min for the keys in `mins`. One fixed-size exchange."""
-  if jax.process_count() == 1:
-    return {k: float(v) for k, v in metrics.items()}
-  reports = [json.loads(t) for t in _allgather_text(
-      json.dumps({k: float(v) for k, v in metrics.items()}))]
-  keys = sorted({k for r in reports for k in r})
-  return {k: (min if k in mins else np.mean)(
-      [r[k] for r in reports if k in r]) for k in keys}
+  start = int(counts[:jax.process_index()].sum())
+  return (np.concatenate([r[:n] for r, n in zip(rows, counts)]),
+          slice(start, start + len(x)))
 
 
 # ------------------------------------------------------- results to numpy.

@@ -8,21 +8,28 @@ Compiles, for `fit.devices` fake CPU devices laid out as the config's mesh,
 the train step (the config's training block, at its mini-batch and sequence
 length) and the sampler's programs on one host's devices as the jobs lay
 them out (`sampler.decode_layout`: data groups of tensor-parallel devices;
-the rollout engine with `engine.slots` rows a group and, where the config
-runs it (SWiRL stage 2), `generate` with `sampler.max_rows` rows or else
-`fit.sampler_rows`; `sampler.max_cache_len` slots), all from abstract
-inputs
+the rollout engine with `engine.slots` rows a group and a pool of
+`engine.pages` pages and, where the config runs it (SWiRL stage 2),
+`generate` with `sampler.max_rows` rows or else `fit.sampler_rows`; rows
+of up to `sampler.max_cache_len` tokens), all from abstract inputs
 (`jax.ShapeDtypeStruct`s with shardings): no weights are allocated. Prints
 per-device memory from `compiled.memory_analysis()` (arguments,
 temporaries, peak) against the chip's HBM (swirl_jax/chips.py), the verdict
 (peak <= `fit.hbm_fraction` of HBM), the knob to turn when it does not
-fit, and last one JSON line. The sampler's figure adds the train state,
-which stays on the devices while rollouts run. Every training job runs the
-same measurement against its real devices before it loads weights
-(`fit_programs.check_devices`, from swirl_jax/jobs.py).
+fit, the capacity (rows in flight a data group holds within that limit,
+and the K/V they hold, for a length distribution: `fit.rollouts` or
+`fit.mean_live_fraction` of the cache; pages against contiguous slots of
+the full length, `fit_programs.capacity`), and last one JSON line. The
+sampler's figure adds the train state, which stays on the devices while
+rollouts run. Every training job runs the same measurement against its
+real devices before it loads weights (`fit_programs.check_devices`, from
+swirl_jax/jobs.py).
 
 XLA:CPU's buffer assignment stands in for the accelerator's, so treat the
-figures as estimates. `fit.num_layers_override` = n compiles stand-ins of n
+figures as estimates: XLA:CPU writes a bf16 page pool (a scatter) by
+converting it to f32 and back, so the sampler programs' temporaries count
+up to about twice the pool more than a GPU's or TPU's, which write it in
+place. `fit.num_layers_override` = n compiles stand-ins of n
 and n + 1 layers of the same width and extrapolates each figure linearly
 to the real depth (scanned layers make memory linear in depth); 0 compiles
 the real depth. The fake device count must be set before jax starts, so
@@ -78,7 +85,10 @@ def measure(config) -> dict:
   limit = float(f.hbm_fraction) * chip.hbm_gib
   n = int(f.num_layers_override)
   n = n if n < setup.model_cfg.num_layers else 0  # Else: the real depth.
+  lengths, source = fit_programs.live_lengths(config, setup.cache_len)
+  cap = fit_programs.capacity(setup, figs, limit, lengths)
   return dict(job="fit", chip=chip.name, devices=int(f.devices),
+              capacity=dict(cap, lengths=source),
               train_peak_gib=round(train_peak, 2),
               sampler_peak_gib=round(sampler_peak, 2),
               hbm_gib=chip.hbm_gib,
@@ -99,8 +109,9 @@ def print_report(r: dict) -> None:
   print(f"  train: {r['train_rows']} x {r['seq_len']} tokens, "
         f"{r['micro_batches']} micro-batches; sampler on a host's "
         f"{r['data_parallel']} data group(s) x {r['tensor_parallel']} "
-        f"device(s): {gen}engine {r['engine_slots']} slots a group, x "
-        f"{r['cache_len']} slots of cache")
+        f"device(s): {gen}engine {r['engine_slots']} rows a group, of up "
+        f"to {r['cache_len']} tokens; decode attention "
+        f"{r['paged_attention_impl']}")
   if r["stand_in_layers"]:
     print(f"  extrapolated from {r['stand_in_layers']}-layer stand-ins to "
           f"{r['num_layers']} layers")
@@ -119,9 +130,24 @@ def print_report(r: dict) -> None:
         f"state) {r['sampler_peak_gib']} GiB: {verdict}")
   for knob in r["knobs"]:
     print(f"  knob: {knob}")
+  c = r["capacity"]
+  print(f"  capacity a data group, {c['lengths']}: {c['free_gib']} GiB a "
+        f"device for rows, {c['kv_bytes_per_token']} bytes of K/V a token "
+        f"a device")
+  for name, what in (("slots", f"contiguous slots ({r['cache_len'] + 1} a "
+                               "row)"),
+                     ("pages", f"pages ({c['mean_pages']} of "
+                               f"{c['page_size']} a row)")):
+    print(f"    {what}: {c[name]['rows']} rows in flight, "
+          f"{c[name]['kv_gib_group']} GiB of K/V a group")
+  print(f"    pages hold {c['rows_ratio']}x the rows: engine.slots="
+        f"{c['pages']['rows']}, engine.pages={c['pages']['pool_pages']}")
   keys = ("job", "chip", "devices", "train_peak_gib", "sampler_peak_gib",
           "hbm_gib", "fits")
-  print(json.dumps({k: r[k] for k in keys}), flush=True)
+  line = {k: r[k] for k in keys}
+  line.update(rows_slots=c["slots"]["rows"], rows_pages=c["pages"]["rows"],
+              rows_ratio=c["rows_ratio"])
+  print(json.dumps(line), flush=True)
 
 
 def _child_main(path: str) -> None:

@@ -3,12 +3,18 @@
 `Setup` reads a job config (model, training block, sampler, engine and
 rollout blocks) through the jobs' own config dataclasses, with its 'auto'
 fields resolved for the target backend; `measure_all` lowers and compiles
-the train step on the trainer's mesh, and the slot cache's programs the
+the train step on the trainer's mesh, and the page pool's programs the
 jobs run (`Sampler.generate`'s prefill and decode, the rollout engine's
 append and decode chunk) on one host's decode mesh, from the abstract
 arguments their device gives (`Device.lowerable`: `jax.ShapeDtypeStruct`s
 carrying their shardings), so nothing the size of a weight is ever
 allocated and a change to a program changes what is measured.
+
+`capacity` says how many rows a data group keeps in flight within the
+chip's memory, for a distribution of context lengths: with today's page
+pool (each row holds the pages of its context) against contiguous slots
+(each row holds `sampler.max_cache_len` + 1 slots, what the cache was
+before pages).
 
 `check_devices` is the same measurement against the real devices, run
 before a training job loads its weights (see swirl_jax/jobs.py).
@@ -20,11 +26,14 @@ import math
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
+from swirl_jax import jsonl
 from swirl_jax import sharding as shd
-from swirl_jax.models import presets
+from swirl_jax.models import paged, presets
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import turns
+from swirl_jax.rollout.records import Trajectory
 from swirl_jax.sampling import sampler as sampler_lib
 from swirl_jax.shapes import bucket
 from swirl_jax.tools import parsing
@@ -51,7 +60,14 @@ def default_config() -> ml_collections.ConfigDict:
       # splash kernel too, both in Pallas' interpreter; Gemma 2 on a GPU
       # (soft-cap: no cuDNN) the block attention. Or any attention_impl.
       attention_impl="target",
-      hbm_fraction=0.9))
+      # Decode attention over the pages: 'target' compiles 'xla_pages' (the
+      # pages read each step, nothing held: a kernel's memory) for a GPU or
+      # TPU; or any paged_attention_impl.
+      paged_attention_impl="target",
+      hbm_fraction=0.9,
+      # Capacity: context lengths from a rollouts file (each trajectory's
+      # whole context), or else rows of this share of the cache length.
+      rollouts="", mean_live_fraction=0.25))
 
 
 class Setup:
@@ -75,7 +91,11 @@ class Setup:
     if impl == "target":
       capped = backend == "gpu" and self.model_cfg.attn_logit_softcap
       impl = "xla_blocks" if capped else "splash"
-    self.model_cfg = self.model_cfg.replace(attention_impl=impl)
+    paged_impl = f.get("paged_attention_impl", "target")
+    if paged_impl == "target":
+      paged_impl = "xla_pages" if backend in ("gpu", "tpu") else "auto"
+    self.model_cfg = self.model_cfg.replace(attention_impl=impl,
+                                            paged_attention_impl=paged_impl)
     self.num_params = n
     self.mesh = shd.make_mesh(defaults.resolve_mesh(
         self.block.get("mesh", "auto"), n))
@@ -124,7 +144,8 @@ class Setup:
                 sampler_rows=self.sampler_rows, cache_len=self.cache_len,
                 tensor_parallel=self.tensor_parallel,
                 data_parallel=self.data_parallel,
-                engine_slots=self.engine.slots)
+                engine_slots=self.engine.slots,
+                paged_attention_impl=c.paged_attention_impl)
 
   def knobs(self, train_over: bool, sampler_over: bool) -> list[str]:
     """What to turn, most effective first, for each part over the limit."""
@@ -151,9 +172,12 @@ class Setup:
         out.append(f"sampler.tensor_parallel and data_parallel up (now "
                    f"{self.tensor_parallel} and {self.data_parallel}; 0 = "
                    f"from the host's {self.host_devices} devices)")
-      out.append(f"engine.slots down (now {self.engine.slots}), fewer rows "
-                 f"per generate call (now {self.sampler_rows}) or "
-                 f"sampler.max_cache_len down (now {self.cache_len})")
+      pool = self.engine.pages or "slots x a full row"
+      out.append(f"engine.pages (now {pool}) or engine.slots (now "
+                 f"{self.engine.slots}) down (the capacity lines say what "
+                 "holds the rows), fewer rows per generate call (now "
+                 f"{self.sampler_rows}) or sampler.max_cache_len down (now "
+                 f"{self.cache_len})")
     return out
 
 
@@ -215,14 +239,17 @@ def measure_train(setup: Setup, cfg, memory_fn) -> tuple[dict, dict]:
 
 
 def measure_sampler(setup: Setup, cfg, memory_fn) -> dict:
-  """Per-device figures of the slot cache's programs as the jobs run them,
+  """Per-device figures of the page pool's programs as the jobs run them,
   on one host's devices as the `Sampler` lays them out (weights and KV
   heads over 'tensor', rows over 'data' groups: one group measured, each
   runs the same): `generate`'s prefill and decode where the config runs
   it (SWiRL's stage 2: `sampler.max_rows` or else `fit.sampler_rows`
   rows, `fit.prompt_len` and `fit.decode_steps`), and the rollout
-  engine's append and decode chunk (`engine.slots` rows), each reading
-  the full cache."""
+  engine's append and decode chunk (`engine.slots` rows, a pool of
+  `engine.pages`), each reading a row's whole context. 'kv' holds what
+  `capacity` needs: the engine pool's and row tables' GiB, and the bytes
+  of a token's keys and values and of a row's table entry (its logits and
+  stop state), a device each."""
   d, t = setup.data_parallel, setup.tensor_parallel
   sc = setup.sampler
   sampler = sampler_lib.Sampler(
@@ -231,18 +258,25 @@ def measure_sampler(setup: Setup, cfg, memory_fn) -> dict:
                          jax.devices()[:d * t]))
   e = setup.engine
   devices = {("append", "decode_chunk"): (sampler.device(
-      e.decode_batch, e.chunk_steps, e.append_tokens), e.slots)}
+      e.decode_batch, e.chunk_steps, e.append_tokens), e.slots, e.pages)}
   if setup.sampler_rows:  # As `Sampler.generate` sizes its device.
     rows = bucket(-(-setup.sampler_rows // d), sc.batch_buckets)
     devices[("prefill", "decode")] = (sampler.device(
         rows, bucket(setup.decode_steps, sc.step_buckets),
         min(bucket(setup.prompt_len, sc.length_buckets), sc.max_cache_len)),
-                                      rows)
+                                      rows, 0)
   figs = {}
-  for names, (device, slots) in devices.items():
-    programs = device.lowerable(slots, setup.stops)
+  for names, (device, rows, pages) in devices.items():
+    programs = device.lowerable(rows, setup.stops, pages)
     for name, program in zip(names, ("append", "decode")):
       figs[name] = memory_fn(programs[program].lower().compile())
+    if names[0] == "append":
+      pool, *tables = programs["decode"].args[1]
+      k = pool["k"][0]
+      figs["kv"] = dict(
+          pool=_per_device_gib(pool), tables=_per_device_gib(tables),
+          token_bytes=_per_device_gib(pool) * GIB / (k.shape[1] * k.shape[2]),
+          row_bytes=_per_device_gib(tables) * GIB / (rows + 1))
   return figs
 
 
@@ -269,6 +303,57 @@ def _extrapolate(at_n: dict, at_n1: dict, n: int, depth: int) -> dict:
 
 
 SAMPLER_PROGRAMS = ("prefill", "decode", "append", "decode_chunk")
+
+
+def live_lengths(config, cache_len: int) -> tuple[list[int], str]:
+  """(context lengths, where they come from) for `capacity`: each
+  trajectory's whole context in `fit.rollouts` (a rollouts JSONL), or
+  rows of `fit.mean_live_fraction` of the cache length."""
+  f = config.fit
+  path = f.get("rollouts", "")
+  if path:
+    trajs = jsonl.read(path, Trajectory.from_dict)
+    if not trajs:
+      raise ValueError(f"fit.rollouts={path}: no trajectories")
+    lengths = [min(cache_len, len(t.token_sequence()[0])) for t in trajs]
+    return lengths, f"{path} ({len(trajs)} trajectories' contexts)"
+  frac = float(f.get("mean_live_fraction", 0.25))
+  if not 0 < frac <= 1:
+    raise ValueError(f"fit.mean_live_fraction={frac} must be in (0, 1]")
+  mean = max(1, round(frac * cache_len))
+  return [mean], f"rows of {mean} tokens ({frac:g} of the cache)"
+
+
+def capacity(setup: Setup, figs: dict, limit_gib: float,
+             lengths) -> dict:
+  """Rows in flight a data group holds within `limit_gib` a device, and
+  the K/V they hold (GiB a device, and a group: `tensor_parallel` devices
+  share each token's heads), for rows of context `lengths` (their mean
+  row): contiguous slots (every row `cache_len` + 1 slots, the cache
+  before pages) against pages (every row the pages of its context). What
+  is not rows' K/V and tables is fixed: the train state, and the engine's
+  largest program without its pool and tables (weights, temporaries)."""
+  kv, page = figs["kv"], setup.sampler.page_size
+  engine = max(figs[k]["peak"] for k in ("append", "decode_chunk"))
+  fixed = figs["state"]["args"] + engine - kv["pool"] - kv["tables"]
+  free = max(0.0, limit_gib - fixed) * GIB
+  tok, row = kv["token_bytes"], kv["row_bytes"]
+  mean_pages = float(np.mean([paged.pages_for(n, page) for n in lengths]))
+  group = setup.tensor_parallel
+
+  def held(row_tokens: float) -> dict:
+    rows = int(free // (row_tokens * tok + row))
+    gib = rows * row_tokens * tok / GIB
+    return dict(rows=rows, kv_gib=round(gib, 2),
+                kv_gib_group=round(gib * group, 2))
+
+  slots, pages = held(setup.cache_len + 1), held(mean_pages * page)
+  pages["pool_pages"] = int((free - pages["rows"] * row) // (page * tok))
+  return dict(mean_live_tokens=round(float(np.mean(lengths)), 1),
+              page_size=page, mean_pages=round(mean_pages, 2),
+              kv_bytes_per_token=int(tok), fixed_gib=round(fixed, 2),
+              free_gib=round(free / GIB, 2), slots=slots, pages=pages,
+              rows_ratio=round(pages["rows"] / max(slots["rows"], 1), 2))
 
 
 def measure(config, backend: str,

@@ -7,6 +7,7 @@ every mesh, replicated where it must be.
 """
 
 import contextlib
+import contextvars
 import math
 from typing import Any, Sequence
 
@@ -97,8 +98,12 @@ def place(host_tree: Any, shardings: Any) -> Any:
   return jax.tree.map(put, host_tree, shardings)
 
 
-# The active mesh and rules for activation constraints inside model code.
-_ACTIVE: dict[str, Any] = {"mesh": None, "rules": DEFAULT_RULES}
+# The active (mesh, rules) for activation constraints inside model code: a
+# context variable, so a thread tracing under one mesh (a generator beside
+# the trainer) never sees another thread's (each thread starts with none).
+_ACTIVE: contextvars.ContextVar[tuple[Mesh | None, Any]] = \
+    contextvars.ContextVar("swirl_jax_active_mesh",
+                           default=(None, DEFAULT_RULES))
 
 
 def reuse_shards(x, s: NamedSharding):
@@ -119,9 +124,9 @@ def reuse_shards(x, s: NamedSharding):
 
 @contextlib.contextmanager
 def use_mesh(mesh: Mesh | None, rules=DEFAULT_RULES):
-  """Activation constraints in model code apply while this is active."""
-  old = dict(_ACTIVE)
-  _ACTIVE.update(mesh=mesh, rules=rules)
+  """Activation constraints in model code apply while this is active (in
+  this thread and context only; `jax.set_mesh` is thread-local too)."""
+  token = _ACTIVE.set((mesh, rules))
   try:
     if mesh is None:
       yield
@@ -129,24 +134,24 @@ def use_mesh(mesh: Mesh | None, rules=DEFAULT_RULES):
       with jax.set_mesh(mesh):
         yield
   finally:
-    _ACTIVE.update(old)
+    _ACTIVE.reset(token)
 
 
 def active_mesh() -> Mesh | None:
   """The mesh of the innermost `use_mesh` (None outside one)."""
-  return _ACTIVE["mesh"]
+  return _ACTIVE.get()[0]
 
 
 def active_rules():
-  return _ACTIVE["rules"]
+  return _ACTIVE.get()[1]
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
   """`with_sharding_constraint` by logical axes; a no-op without a mesh."""
-  mesh = _ACTIVE["mesh"]
+  mesh, rules = _ACTIVE.get()
   if mesh is None or mesh.size == 1:
     return x
-  spec = logical_to_spec(axes, x.shape, mesh, _ACTIVE["rules"])
+  spec = logical_to_spec(axes, x.shape, mesh, rules)
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 

@@ -18,8 +18,11 @@ question. A rerun resumes training, or returns at once when the export
 exists.
 """
 
+import collections
 import itertools
+import os
 import pathlib
+import re
 
 import jax
 import ml_collections
@@ -35,6 +38,7 @@ from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.tasks import checkers
+from swirl_jax.tasks import demonstrations
 from swirl_jax.tasks import synthetic
 from swirl_jax.training import trainer as trainer_lib
 
@@ -58,9 +62,16 @@ def default_config() -> ml_collections.ConfigDict:
       # and demonstrations space numbers as the questions do, so copying a
       # number is copying one token.
       whole_numbers=False,
+      # The prompt's fixed text (system turn, instruction) as one token
+      # each (`prompt_phrases`): same text, far shorter sequences.
+      prompt_tokens=False,
       # 'swirl' (tags, the chat template's turns) or 'simpletir' (```python
       # blocks, tool output inline in one assistant message).
-      fmt="swirl", train=t))
+      fmt="swirl",
+      # {style: weight} of `tasks/demonstrations.py` (styles that err at
+      # known rates), every demonstration trained on; empty: gold
+      # trajectories only, the correct ones trained on.
+      mix={}, train=t))
 
 
 def cpu_demo_config(fmt: str = "swirl", seed: int = 0
@@ -73,7 +84,7 @@ def cpu_demo_config(fmt: str = "swirl", seed: int = 0
   """
   w = default_config()
   w.update(enabled=True, fmt=fmt, vocab_size=2048, whole_numbers=True,
-           loss_on="all", batch_size=8)
+           prompt_tokens=True, loss_on="all", batch_size=8)
   w.train.update(num_steps=480, seed=seed)
   w.train.optim.lr = 8e-3
   return w
@@ -93,10 +104,11 @@ def model_config(c, workdir) -> ml_collections.ConfigDict:
 
 
 def conversation_text(tok: Tokenizer, task, spaced: bool = False,
-                      fmt: str = "swirl") -> str:
-  """A task's gold trajectory rendered by the chat template."""
+                      fmt: str = "swirl", style: str | None = None) -> str:
+  """A task's trajectory in `style` (gold by default) rendered by the chat
+  template."""
   msgs = prompts.messages(task, fmt)
-  turns = synthetic.reference_turns(task, spaced=spaced, fmt=fmt)
+  turns = _turns(task, style, spaced, fmt)
   if fmt == "simpletir":  # Tool output is inline, in the model's message.
     msgs.append({"role": "assistant", "content": "".join(
         t["action"] + (t["observation"] or "") for t in turns)})
@@ -108,10 +120,18 @@ def conversation_text(tok: Tokenizer, task, spaced: bool = False,
   return tok.apply_chat_template(msgs)
 
 
+def _turns(task, style, spaced: bool, fmt: str) -> list[dict]:
+  if style is None:
+    return synthetic.reference_turns(task, spaced=spaced, fmt=fmt)
+  return demonstrations.reference_turns(task, style, spaced=spaced, fmt=fmt)
+
+
 def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
-           fmt: str = "swirl") -> list[Trajectory]:
-  """The gold trajectories, replayed through the loop with live tools."""
-  refs = [synthetic.reference_turns(t, spaced=spaced, fmt=fmt) for t in tasks]
+           fmt: str = "swirl", styles=None) -> list[Trajectory]:
+  """The trajectories (gold, or each task's style of `styles`), replayed
+  through the loop with live tools."""
+  styles = styles or [None] * len(tasks)
+  refs = [_turns(t, s, spaced, fmt) for t, s in zip(tasks, styles)]
   max_turns = max((len(r) for r in refs), default=1)
   script = lambda row, turn: (refs[row][turn]["action"]
                               if turn < len(refs[row]) else "")
@@ -123,16 +143,37 @@ def record(tok: Tokenizer, tasks, tools, spaced: bool = False,
   return trajs
 
 
-def _tokenizer(base: Tokenizer, tasks, w, path: pathlib.Path):
+def prompt_phrases(tok: Tokenizer, tasks, fmt: str,
+                   min_chars: int = 16) -> list[str]:
+  """The text every task's prompt opens with (the chat template's system
+  turn, the method's instruction), cut at special tokens and at the last
+  whitespace: what `Tokenizer.train_like(phrases=)` can make one token."""
+  texts = [tok.apply_chat_template(prompts.messages(t, fmt),
+                                   add_generation_prompt=True) for t in tasks]
+  common = os.path.commonprefix(texts)
+  if len(texts) > 1:  # Never into the part where prompts differ.
+    common = common[:max(common.rfind(" "), common.rfind("\n")) + 1]
+  specials = sorted((tok.backend.id_to_token(i) for i in tok.special_ids),
+                    key=len, reverse=True)
+  pieces = re.split("|".join(map(re.escape, specials)), common) if specials \
+      else [common]
+  return [p for p in pieces if len(p) >= min_chars]
+
+
+def _tokenizer(base: Tokenizer, tasks, styles, w, path: pathlib.Path):
   """The task's vocabulary, learnt once: process 0 learns and saves it,
   every host then reads the same files (a resumed run keeps its ids)."""
   if not w.vocab_size:
     return base
   with distributed.one_writer(f"{path} tokenizer") as writing:
     if writing and not (path / "tokenizer.json").exists():
+      phrases = (prompt_phrases(base, tasks, w.fmt) if w.prompt_tokens
+                 else [])
       base.train_like(
-          (conversation_text(base, t, w.whole_numbers, w.fmt) for t in tasks),
-          w.vocab_size, split_digits=not w.whole_numbers).save_hf_dir(path)
+          (conversation_text(base, t, w.whole_numbers, w.fmt, s)
+           for t, s in zip(tasks, styles)),
+          w.vocab_size, split_digits=not w.whole_numbers,
+          phrases=phrases).save_hf_dir(path)
   return Tokenizer.from_hf_dir(path)
 
 
@@ -143,12 +184,16 @@ def run(c, workdir, tasks, tools) -> str:
   if (out / "config.json").exists():
     return str(out)
   base_tok = loading.load_tokenizer(c.model.get("tokenizer") or "bundled")
-  tok = _tokenizer(base_tok, tasks, w, out.parent / "tokenizer")
-  trajs = record(tok, tasks, tools, spaced=w.whole_numbers, fmt=w.fmt)
+  styles = (demonstrations.styles(tasks, w.mix, w.fmt, c.seed) if w.mix
+            else [None] * len(tasks))
+  tok = _tokenizer(base_tok, tasks, styles, w, out.parent / "tokenizer")
+  trajs = record(tok, tasks, tools, spaced=w.whole_numbers, fmt=w.fmt,
+                 styles=styles)
   good = [t for t in trajs if t.outcome]
-  logging.info("warm start: %d demonstrations (%d correct), vocab %d",
-               len(trajs), len(good), tok.vocab_size)
-  seqs = [t.token_sequence() for t in good]
+  logging.info("warm start: %d demonstrations (%d correct), vocab %d; "
+               "styles %s", len(trajs), len(good), tok.vocab_size,
+               dict(collections.Counter(styles)) if w.mix else "gold")
+  seqs = [t.token_sequence() for t in (trajs if w.mix else good)]
   if w.loss_on == "all":
     seqs = [(tok_, np.ones_like(mask), lp) for tok_, mask, lp in seqs]
   elif w.loss_on != "actions":
@@ -160,12 +205,17 @@ def run(c, workdir, tasks, tools) -> str:
   params = decoder.init_params(cfg, jax.random.key(c.seed))
   bs = w.batch_size
 
+  # One length for every batch: the longest demonstration, to a multiple
+  # of 64 (a power-of-two bucket would pad 170 tokens to 256).
+  length = -(-max(len(q[0]) for q in seqs) // 64) * 64
+
   def batches(pos):
     for i in itertools.count(pos):
       rng = np.random.default_rng([c.seed, i])
       idx = rng.choice(len(seqs), bs, replace=len(seqs) < bs)
       yield batching.collate([seqs[j] for j in idx], np.ones(bs),
-                             row_multiple=bs, min_rows=bs)
+                             row_multiple=bs, min_rows=bs,
+                             length_buckets=(length,))
 
   trainer_lib.train(w.train, str(out.parent), cfg, batches, params=params,
                     tokenizer=tok)

@@ -11,7 +11,7 @@ _COMPILE = "/jax/core/compile/backend_compile_duration"
 @contextlib.contextmanager
 def counting():
   """Yields a Counter of the compiles inside the block, by program name
-  (`jit(<function name>)`, e.g. the slot cache's 'jit(decode)')."""
+  (`jit(<function name>)`, e.g. the page pool's 'jit(decode)')."""
   counts = collections.Counter()
 
   def listener(event, duration, fun_name="", **kwargs):
@@ -26,8 +26,8 @@ def counting():
     jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def slot_programs(counts) -> collections.Counter:
-  """The slot cache's programs among `counts`."""
+def cache_programs(counts) -> collections.Counter:
+  """The page pool's programs (sampling/pages.py) among `counts`."""
   return collections.Counter({k: v for k, v in counts.items()
                               if k in ("jit(init)", "jit(append)",
                                        "jit(decode)")})

@@ -5,7 +5,7 @@ row for a whole turn: each waits for the longest), then runs all their
 calls as one batch, then appends all observations. The turn logic is
 `rollout.turns`', the device the sampler's, as in `RolloutEngine`; only
 the schedule differs, so trajectories must come out the same, token for
-token, whatever the engine's slots, decode batch and chunks.
+token, whatever the engine's slots, pool, decode batch and chunks.
 """
 
 import collections
@@ -30,8 +30,7 @@ class LockStep(turns.Schedule):
     # One decode call a turn: every row, as many steps as a turn has.
     dev = self.sampler.device(len(rows), c.max_new_tokens,
                               self.append_tokens)
-    for slot, r in enumerate(rows[:dev.open(len(rows), len(rows))]):
-      r.slot = slot
+    dev.open(len(rows), len(rows))  # Every row at the limit: no preemption.
     self._stats, t0 = collections.Counter(), time.perf_counter()
     live, fresh = rows, True
     for turn_no in range(c.max_turns):

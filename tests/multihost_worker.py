@@ -18,7 +18,9 @@ import json
 import os
 import pathlib
 import sys
+import threading
 import time
+import zlib
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -173,17 +175,25 @@ def _scripted_pairs(loop_cls, pause_s=0.0):
 def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
                        tokens: int = 0, **config) -> None:
   """GRPO iterations; per sample k: right, void, wrong, right after an
-  output (as in test_simpletir), so rewards vary within each group; each
-  turn opens with about `tokens` tokens of reasoning."""
+  output (simpletir_script.py), so rewards vary within each group; each
+  turn opens with about `tokens` tokens of reasoning. STALENESS=k samples
+  k versions behind (with TIS); OVERSAMPLE=x draws x times the prompts,
+  and about every third task's group (by its id's crc32) answers wrong
+  throughout: at x = 3 iteration 0 keeps all 6 groups (passing, 4
+  failing, passing), iteration 1 the first 5 (the 2nd passing is the
+  5th), so each host holds another number of kept rows."""
   from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
-  import test_simpletir  # pylint: disable=g-import-not-at-top
-  c = test_simpletir._simpletir_config()  # pylint: disable=protected-access
+  import simpletir_script  # pylint: disable=g-import-not-at-top
+  c = simpletir_script.config()
   c.rollout.update(**config)
   c.num_iterations = iterations
   c.train.export_hf = iterations > 1
   c.train.async_checkpoints = False
+  c.staleness = int(os.environ.get("STALENESS", "0"))
+  c.train.loss.tis_cap = 2.0 if c.staleness else 0.0
+  c.oversample = float(os.environ.get("OVERSAMPLE", "1"))
   if tokens:
     c.sampler.max_cache_len = c.max_seq_len = 4096
   current = _scripted_pairs(engine_lib.RolloutEngine)
@@ -191,25 +201,56 @@ def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
 
   def script(row, turn):
     task, k = current[row]
-    gold = task.answer
-    return think + [
-        f"```python\nfinal_answer({gold})\n```\n", "```python\nprint(1",
-        "```python\nfinal_answer(-1)\n```\n",
-        [f"```python\nprint({gold})\n```\n",
-         f"It prints {gold}, so \\boxed{{{gold}}}."][min(turn, 1)]][k % 4]
+    if c.oversample > 1 and zlib.crc32(task.id.encode()) % 3 == 1:
+      return "```python\nfinal_answer(-1)\n```\n"  # A failing group.
+    return think + simpletir_script.script(task.answer, k, turn)
 
   train.run(c, str(work),
             make_sampler=lambda p, m, tok: ScriptedSampler(tok, script))
+
+
+def _count_host_reads(sent: dict) -> None:
+  """Notes in `sent['reads']` the size of every read of device data into
+  host memory while `sent['on']`, in any thread: a jax.Array's value
+  (`jax.device_get`, `float`, `tolist`, `__array__`) and `np.asarray` /
+  `np.array` of one (which on the CPU read its buffer directly)."""
+  from jax._src import array as array_lib  # pylint: disable=g-import-not-at-top
+  # pylint: disable=protected-access
+  real_value, inside = array_lib.ArrayImpl._value, threading.local()
+
+  def value(self):
+    if (sent["on"] and self._npy_value is None
+        and not getattr(inside, "on", False)):
+      sent["reads"].append(int(self.nbytes))
+    return real_value.fget(self)
+
+  def reading(real):
+    def read(x, *args, **kw):
+      if not (sent["on"] and isinstance(x, jax.Array)):
+        return real(x, *args, **kw)
+      sent["reads"].append(int(x.nbytes))
+      inside.on = True
+      try:
+        return real(x, *args, **kw)
+      finally:
+        inside.on = False
+    return read
+
+  array_lib.ArrayImpl._value = property(value)
+  np.asarray, np.array = reading(np.asarray), reading(np.array)
 
 
 def simpletir_bytes_scenario(out: pathlib.Path) -> dict:
   """One iteration with turns of about RESPONSE_TOKENS tokens: the bytes
   this host hands to swirl_jax.distributed's exchanges from the rollout's
   start to the end of the update (every host-to-host message of the job
-  goes through `_allgather`), and the batch the trainer got."""
+  goes through `_allgather`), the size of each read of device data into
+  its memory over the same span (`_count_host_reads`), and the batch the
+  trainer got."""
   from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  sent = dict(on=False, bytes=0, calls=0)
+  sent = dict(on=False, bytes=0, calls=0, reads=[])
+  _count_host_reads(sent)
   real_gather, real_run = distributed._allgather, engine_lib.RolloutEngine.run_pairs  # pylint: disable=protected-access
   real_update, batches = trainer_lib.Trainer.update, []
 
@@ -238,7 +279,8 @@ def simpletir_bytes_scenario(out: pathlib.Path) -> dict:
   n = int(os.environ["RESPONSE_TOKENS"])
   simpletir_scenario(out / "work", iterations=1, tokens=n,
                      max_new_tokens=n + 64, max_response_tokens=2 * n + 128)
-  return dict(bytes=sent["bytes"], calls=sent["calls"], batch=batches[0],
+  return dict(bytes=sent["bytes"], calls=sent["calls"], reads=sent["reads"],
+              batch=batches[0],
               response_len=json.loads(
                   (out / "work" / "metrics.jsonl").read_text().splitlines(
                   )[0])["response_len"])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+from tensorboardX import summary as tb_summary
 from tensorboardX.proto import event_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -88,11 +89,23 @@ def tensorboard_scalars(logdir) -> list[tuple[int, str, float]]:
 
 
 def assert_tensorboard_matches(workdir) -> None:
-  """TensorBoard holds each metrics.jsonl value once, at its step."""
+  """TensorBoard holds each metrics.jsonl value once, at its step (under
+  its tag as TensorBoard spells it: `avg@k` as `avg_k`)."""
   workdir = pathlib.Path(workdir)
-  want = sorted((r["step"], k, float(np.float32(v)))
+  tag = tb_summary._clean_tag  # pylint: disable=protected-access
+  want = sorted((r["step"], tag(k), float(np.float32(v)))
                 for r in records(workdir / "metrics.jsonl")
                 for k, v in r.items() if k != "step" and v is not None)
   got = sorted(tensorboard_scalars(workdir / "tensorboard"))
   assert got == want
   assert len(list((workdir / "tensorboard").iterdir())) == 1
+
+
+def assert_same_params(got_hf, want_hf) -> None:
+  """The two Hugging Face exports hold the same weights, bit for bit."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  got = load_file(str(pathlib.Path(got_hf) / "model.safetensors"))
+  want = load_file(str(pathlib.Path(want_hf) / "model.safetensors"))
+  assert sorted(got) == sorted(want)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -3,8 +3,9 @@
   python tests/resume_driver.py SCENARIO WORKDIR [STAGE:K:MODE]
 
 SCENARIO: simpletir (GRPO iterations with scripted turns through the real
-sandbox; its one stage is 'train') or swirl (the pipeline: stage1, filter,
-rl, eval). Kill points are the calls, in order, of the functions that make a
+sandbox; its one stage is 'train'), simpletir_async (the same at
+staleness 1, with validation every 2 iterations; turns from
+simpletir_script.py) or swirl (the pipeline: stage1, filter, rl, eval). Kill points are the calls, in order, of the functions that make a
 run's state: `jsonl.append` and `jsonl.write_bytes` (every record and file
 written) and `distributed.run_shared` / `run_local` (every batch of
 rollouts, samples or evaluation), counted from the start of each stage. At
@@ -31,6 +32,8 @@ from swirl_jax import config_lib, distributed, jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.simpletir import train as simpletir_train
 from swirl_jax.swirl import jobs
+
+import simpletir_script
 
 _calls = {"stage": "", "n": 0, "counts": {}}
 _kill = {"stage": "", "at": 0, "mode": ""}
@@ -141,6 +144,14 @@ def run_simpletir(workdir):
       c, workdir, make_sampler=_script_sampler(c, answers))
 
 
+def run_simpletir_async(workdir):
+  c = simpletir_config()
+  c.staleness = 1
+  c.train.loss.tis_cap = 2.0
+  c.validation.update(every=2, k=2, limit=2)
+  _stage("train", lambda: simpletir_script.run(c, workdir))()
+
+
 def main(argv):
   scenario, workdir = argv[1], argv[2]
   if len(argv) > 3:
@@ -152,6 +163,8 @@ def main(argv):
     _hook(module, name)
   if scenario == "simpletir":
     run_simpletir(workdir)
+  elif scenario == "simpletir_async":
+    run_simpletir_async(workdir)
   else:
     run = jobs._RUN  # pylint: disable=protected-access
     for stage in ("stage1", "filter", "rl", "eval"):

@@ -31,10 +31,11 @@ def test_demo_smoke(demo_smoke_run):
   assert set(results) == {"base", "rl"}
   # After a 4-step warm start the policy still writes 40 tokens of no step
   # and no answer (recorded from two runs); the full demo's figures are in
-  # README.md.
+  # docs/results.md.
   want = dict(n=4.0, accuracy=0.0, f1=0.0, answered=0.0, steps=4.0,
               process_correctness=0.0, turns=1.0, response_len=40.0,
-              void_rate=1.0, turn_cap_rate=0.0, overlong_rate=0.0)
+              void_rate=1.0, turn_cap_rate=0.0, overlong_rate=0.0,
+              tool_use_rate=0.0, tool_solved_rate=0.0)
   assert results == {"base": want, "rl": want}
   text = (work / "report.md").read_text()
   assert "| base |" in text and "| rl |" in text and "Stage 2" in text

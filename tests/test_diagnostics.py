@@ -16,7 +16,7 @@ from swirl_jax.models import loading
 from swirl_jax.rollout import batching
 from swirl_jax.rollout.records import Trajectory, Turn
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
-from swirl_jax.simpletir import grpo, report, train, void
+from swirl_jax.simpletir import grpo, report, stages, void
 from swirl_jax.training import probes
 from swirl_jax.training import step as step_lib
 
@@ -69,13 +69,14 @@ def test_tool_stats_by_hand():
 def test_select_rows_logs_the_diagnostics_and_void_rows_keep_advantages():
   trajs = _batch_trajs()
   g = grpo.GroupConfig(group_size=4, accuracy_band=None)
-  rows, adv, stats = grpo.select_rows(trajs, g)
+  fig = grpo.figures(trajs, g)
+  rows, adv, stats = grpo.select_rows(fig, g)
   assert rows.tolist() == [0, 2]
   assert stats["low_p_share_void"] == pytest.approx(0.5)
   assert stats["tool_call_rate"] == pytest.approx(0.4)
   r = np.array([1.0, 0.0, 0.0, 1.0])
   want = (r - r.mean()) / r.std(ddof=1)
-  v_rows, v_adv = grpo.void_rows(trajs, g)
+  v_rows, v_adv = grpo.void_rows(fig, g)
   assert v_rows.tolist() == [1, 3]
   np.testing.assert_allclose(v_adv, want[[1, 3]], rtol=1e-5)
   np.testing.assert_allclose(adv, want[[0, 2]], rtol=1e-5)
@@ -94,8 +95,9 @@ def test_split_grad_norms_equal_a_direct_backward_on_each_side(tiny):
   cfg, params, _, probe = tiny
   trajs = _batch_trajs()
   g = grpo.GroupConfig(group_size=4, accuracy_band=None)
-  rows, adv, _ = grpo.select_rows(trajs, g)
-  got = train.split_grad_norms(probe, params, trajs, rows, adv, g)
+  fig = grpo.figures(trajs, g)
+  rows, adv, _ = grpo.select_rows(fig, g)
+  got = stages.split_grad_norms(probe, params, trajs, fig, rows, adv, g)
   loss_cfg = step_lib.default_loss_config()
 
   def direct(r, a):
@@ -104,7 +106,7 @@ def test_split_grad_norms_equal_a_direct_backward_on_each_side(tiny):
     f = lambda p: step_lib.policy_loss(p, cfg, loss_cfg, b)[0]
     return float(optax.tree.norm(jax.grad(f)(params)))
 
-  v_rows, v_adv = grpo.void_rows(trajs, g)
+  v_rows, v_adv = grpo.void_rows(fig, g)
   assert got["grad_norm_void"] == pytest.approx(direct(v_rows, v_adv),
                                                 rel=1e-5)
   assert got["grad_norm_kept"] == pytest.approx(direct(rows, adv), rel=1e-5)

@@ -157,18 +157,19 @@ def test_fixed_programs_and_live_prefix(tiny, calc_tools):
   with compile_events.counting() as second_compiles:
     eng.run(synthetic.arithmetic_tasks(4, seed=7))
   second = set(eng.shapes)
-  programs = lambda c: sum(compile_events.slot_programs(c).values())
-  assert programs(first_compiles) <= len(first) + 1  # And the cache.
+  programs = lambda c: sum(compile_events.cache_programs(c).values())
+  assert programs(first_compiles) <= len(first) + 1  # And the pool.
   assert programs(second_compiles) <= len(second - first)
   assert len(first | second) <= 8, first | second
-  longest = max(k[-1] for k in first | second)
-  assert longest <= 384 < eng.device.S
+  longest = max(k[-1] for k in first | second)  # Prefix pages read.
+  assert longest * eng.device.page <= 384 < eng.device.limit
 
 
 def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
   """With `precompile`, the first rollout compiles the whole fixed set
-  (appends: piece buckets x read lengths at the decode batch; decode: row
-  buckets x read lengths) before it starts, and no rollout compiles more;
+  (appends: piece buckets x prefixes at the decode batch; decode: row
+  buckets x prefixes but none) before it starts, and no rollout compiles
+  more;
   a prompt longer than a piece is appended in pieces, with the same
   tokens as the lock-step oracle's."""
   cfg, params, tok, _ = tiny
@@ -182,18 +183,19 @@ def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
   want = ref.run(tasks)
   with compile_events.counting() as compiles:
     _same(want, eng.run(tasks))
-  read_lens = eng.device.read_lens()
-  assert read_lens == [256, 384, 512, 513]
-  # Pieces of 16 or 32 tokens; 1 or 2 decode rows (the oracle's cache of
+  prefixes = eng.device.prefixes()  # Pages of 64 tokens.
+  assert prefixes == [0, 4, 6, 8]
+  # Pieces of 16 or 32 tokens; 1 or 2 decode rows (the oracle's pool of
   # as many rows has been allocated already).
-  assert compile_events.slot_programs(compiles) == {
-      "jit(append)": len(read_lens) * 2, "jit(decode)": len(read_lens) * 2}
+  assert compile_events.cache_programs(compiles) == {
+      "jit(append)": len(prefixes) * 2,
+      "jit(decode)": (len(prefixes) - 1) * 2}
   assert max(k[2] for k in eng.shapes if k[0] == "append") == 32
   assert min(len(t.prompt_ids) for t in want) > 32
   eng.config = dataclasses.replace(rc, seed=11)
   with compile_events.counting() as compiles:
     eng.run(synthetic.arithmetic_tasks(3, seed=9))
-  assert not compile_events.slot_programs(compiles)
+  assert not compile_events.cache_programs(compiles)
 
 
 def test_tools_run_while_others_decode(tiny):
@@ -288,8 +290,8 @@ for temperature in (0.0, 1.0):
                                for g in dev.groups]
       dev = dev.groups[1]
     dev.open(2, 2)
-    k = dev._dev[0]["k"][0]
-    out[f"k_shard_{name}"] = k.addressable_shards[0].data.shape[1] / k.shape[1]
+    k = dev._dev[0]["k"][0]  # [K, P, page, H]: KV heads over 'tensor'.
+    out[f"k_shard_{name}"] = k.addressable_shards[0].data.shape[0] / k.shape[0]
     q = dev._params["layers"][0]["attn"]["q"]
     out[f"q_shard_{name}"] = q.addressable_shards[0].data.size / q.size
 print(json.dumps(out))
@@ -299,7 +301,7 @@ print(json.dumps(out))
 def test_tensor_parallel_engine_equals_one_device():
   """Decode tensor parallel (weights and KV heads over 'tensor', every row
   of a group on each of its devices), and with 2 data groups of 2 (rows
-  over 'data'; the engine's slots spread over one cache per group): the
+  over 'data'; the engine's rows spread over one pool per group): the
   same trajectories as one device, token for token, greedy and seeded;
   log-probs to float rounding."""
   import fresh_process  # pylint: disable=g-import-not-at-top
@@ -320,3 +322,48 @@ def test_tensor_parallel_engine_equals_one_device():
       for a, b in zip(other, one):
         for (_, lp_a), (_, lp_b) in zip(a, b):
           np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)
+
+
+def test_policy_swaps_between_chunks_and_stamps_turns(tiny, calc_tools):
+  """A policy feed whose version changes after the first device step (4
+  rows prefilled, 2 of them decoded one chunk): the device decodes with
+  the new params from the next program call on. Rows admitted after the
+  swap sample exactly as a run on the new params alone; each trajectory
+  is stamped with the oldest version that sampled it, and where its turns
+  saw both, each turn with its own. A constant feed samples as no feed."""
+  sampler = tiny[3]
+  other = loading.load_policy(config_lib.model_config("tiny", ""),
+                              seed=7)[1]
+  a, b = sampler.params, sampler.local_params(other)
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
+                           temperature=1.0, seed=3)
+  _, eng = _pair(tiny, calc_tools, rc)
+  pairs = [(t, k) for t in synthetic.arithmetic_tasks(3, seed=2)
+           for k in range(2)]  # 6 rows, 4 cache rows.
+  plain = eng.run_pairs(pairs)
+  same = eng.run_pairs(pairs, policy=engine_lib.Policy(0, a))
+  for x, y in zip(plain, same):
+    assert x.token_sequence()[0].tolist() == y.token_sequence()[0].tolist()
+    assert y.meta.pop("policy_version") == 0 and x.meta == y.meta
+  sampler.params = other
+  try:
+    on_b = eng.run_pairs(pairs)
+  finally:
+    sampler.params = a
+  calls = []
+
+  def feed():
+    calls.append(1)
+    return engine_lib.Policy(*((0, a) if len(calls) == 1 else (1, b)))
+
+  swapped = eng.run_pairs(pairs, policy=feed)
+  assert eng.metrics["policy_swaps"] == 1
+  assert [t.meta["policy_version"] for t in swapped] == [0, 0, 1, 1, 1, 1]
+  _same(swapped[4:], [dataclasses.replace(t, meta=dict(
+      t.meta, policy_version=1)) for t in on_b[4:]])
+  first = swapped[0].turns[0].action_ids
+  assert first[:SMALL.chunk_steps] == \
+      plain[0].turns[0].action_ids[:SMALL.chunk_steps]  # Before the swap.
+  spans = [t.meta["turn_versions"] for t in swapped if "turn_versions"
+           in t.meta]
+  assert spans and all(v[0] == 0 and set(v[1:]) == {1} for v in spans)

@@ -30,6 +30,9 @@ def run_fit(capfd, monkeypatch, tmp_path, config_file, arg, chip, devices,
 
 
 def test_simpletir_7b_fits_8_h100(capfd, monkeypatch, tmp_path):
+  """The paper config fits, and its pages hold >= 3x the rows in flight
+  of contiguous slots when rows hold a quarter of the cache on average
+  (the fit job's default length distribution)."""
   r, out = run_fit(capfd, monkeypatch, tmp_path, "simpletir_math.py",
                    "model=qwen2_5_7b", "h100", 8, remat="full")
   assert r["job"] == "fit" and r["chip"] == "h100" and r["devices"] == 8
@@ -39,6 +42,11 @@ def test_simpletir_7b_fits_8_h100(capfd, monkeypatch, tmp_path):
   assert r["fits"], out
   assert r["train_peak_gib"] <= 0.9 * r["hbm_gib"]
   assert "fsdp': 8" in out
+  # Rows of 18,432 / 4 = 4,608 tokens: 72 pages of 64 against 18,433
+  # slots a row, so nearly 4x as many rows; at least 3x.
+  assert r["rows_ratio"] >= 3 and r["rows_pages"] >= 3 * r["rows_slots"]
+  assert r["rows_slots"] > 0, out
+  assert "rows of 4608 tokens (0.25 of the cache)" in out
 
 
 def test_simpletir_7b_does_not_fit_4_v5e(capfd, monkeypatch, tmp_path):
@@ -164,9 +172,10 @@ def test_fit_check_is_skipped_without_a_device_limit(recorded_job,
 
 
 def test_fit_lowers_the_programs_the_config_runs():
-  """The slot cache's programs, from the configs' own dataclasses: a
-  longer cache (sampler.max_cache_len) or more engine slots moves the
-  engine's figures; `generate`'s appear where SWiRL's stage 2 runs."""
+  """The page pool's programs, from the configs' own dataclasses: a
+  longer cache (sampler.max_cache_len), more engine slots or a larger
+  pool (engine.pages) moves the engine's figures; `generate`'s appear
+  where SWiRL's stage 2 runs."""
   def figures(stage2=False, **blocks):
     c = tiny_job_config()
     c.engine = dict(slots=4, decode_batch=2, chunk_steps=4, append_tokens=16)
@@ -180,8 +189,44 @@ def test_fit_lowers_the_programs_the_config_runs():
   assert "prefill" not in base and "decode" not in base
   longer = figures(sampler=dict(max_cache_len=256))
   more = figures(engine=dict(slots=8))
+  pool = figures(engine=dict(pages=64))  # Base: 4 rows x 1 page of 64.
   for name in ("append", "decode_chunk"):
     assert longer[name]["args"] > base[name]["args"], name
     assert more[name]["args"] > base[name]["args"], name
+    assert pool[name]["args"] > base[name]["args"], name
+  # The pool is what moved: 64 pages against 4, the row tables alike.
+  assert pool["kv"]["pool"] == pytest.approx(16 * base["kv"]["pool"])
+  assert pool["kv"]["tables"] == base["kv"]["tables"]
   gen = figures(stage2=True)
   assert gen["prefill"]["peak"] > 0 and gen["decode"]["peak"] > 0
+
+
+def test_capacity_counts_rows_of_slots_and_of_pages():
+  """Rows in flight from the measured figures: what a limit leaves after
+  the fixed part, over a row's K/V and table entry, slots against pages,
+  from a rollouts file's contexts or a stated mean."""
+  c = tiny_job_config()
+  c.engine = dict(slots=4, decode_batch=2, chunk_steps=4, append_tokens=16)
+  c.sampler = dict(max_cache_len=512)
+  setup, figs = fit_programs.measure(c, "cpu", 1)
+  kv = figs["kv"]
+  cfg = setup.model_cfg
+  # float32 K and V of every layer, all heads on the one device.
+  assert kv["token_bytes"] == 2 * cfg.num_layers * cfg.num_kv_heads * \
+      cfg.head_dim * 4
+  assert kv["row_bytes"] == (cfg.vocab_size + 1) * 4  # Logits, stop state.
+  fixed = figs["state"]["args"] + max(
+      figs[k]["peak"] for k in ("append", "decode_chunk")) - kv["pool"] - \
+      kv["tables"]
+  limit = fixed + 0.01  # 10 MiB for rows.
+  lengths = [100, 30, 200]  # 2, 1 and 4 pages of 64: 7 / 3 a row.
+  cap = fit_programs.capacity(setup, figs, limit, lengths)
+  free = 0.01 * GIB
+  row = (setup.cache_len + 1) * kv["token_bytes"] + kv["row_bytes"]
+  assert cap["slots"]["rows"] == int(free // row)
+  row = 7 / 3 * 64 * kv["token_bytes"] + kv["row_bytes"]
+  assert cap["pages"]["rows"] == int(free // row) > cap["slots"]["rows"]
+  assert cap["mean_pages"] == pytest.approx(7 / 3, abs=0.01)
+  # A mean share of the cache, or a rollouts file's contexts.
+  assert fit_programs.live_lengths(c, 1000) == (
+      [250], "rows of 250 tokens (0.25 of the cache)")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import hf_models
-from swirl_jax.models import decoder, gguf_io, hf_io, presets
+from swirl_jax.models import decoder, gguf_io, hf_io, paged, presets
 from swirl_jax.models.config import (Llama3RopeScaling, ModelConfig,
                                      from_hf_config, to_hf_config)
 
@@ -81,6 +81,9 @@ def test_gemma2_sliding_window_matters(tmp_path):
 
 
 def test_kv_cache_matches_full_forward():
+  """Two calls on the page pool (rows in pages out of order, of different
+  lengths, the second call's tokens crossing into a new page) give the
+  logits of one forward pass, with sliding windows and soft-caps."""
   cfg = presets.get_preset("tiny").replace(
       family="gemma2", sliding_window=4,
       layer_types=("sliding_attention", "full_attention"),
@@ -88,14 +91,15 @@ def test_kv_cache_matches_full_forward():
   params = decoder.init_params(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, cfg.vocab_size)
   full, _ = decoder.forward(params, cfg, tokens)
-  cache = decoder.init_cache(cfg, 2, 16)
-  pos = jnp.broadcast_to(jnp.arange(11), (2, 11))
-  a, cache = decoder.forward(params, cfg, tokens[:, :7], pos[:, :7],
-                             cache=cache)
-  b, cache = decoder.forward(params, cfg, tokens[:, 7:], pos[:, 7:],
-                             cache=cache)
+  cache = paged.init(cfg, pages=6, page_size=4)
+  table = jnp.asarray([[3, 1, 5], [2, 4, 0]], jnp.int32)
+  a, cache = decoder.forward(params, cfg, tokens[:, :7], cache=cache,
+                             rows=paged.Rows(table[:, :2], jnp.zeros(2, int)))
+  b, cache = decoder.forward(params, cfg, tokens[:, 7:], cache=cache,
+                             rows=paged.Rows(table, jnp.full(2, 7)))
   np.testing.assert_allclose(np.concatenate([a, b], 1), full, atol=1e-5)
-  assert int(cache["index"]) == 11
+  # Row 1's slots 8..10 went to page 0, its third.
+  assert np.abs(np.asarray(cache["k"][0][:, 0, :3])).min() > 0
 
 
 def test_query_blocks_match_one_block_with_gradients():

@@ -26,6 +26,8 @@ from swirl_jax import jsonl
 from swirl_jax import sharding
 from swirl_jax.swirl import stage1
 
+import resume_checks
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WORKER = pathlib.Path(__file__).resolve().parent / "multihost_worker.py"
 _DROP = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
@@ -227,12 +229,12 @@ def _losses(path: pathlib.Path) -> list[tuple[int, float]]:
   return [(r["step"], r["loss"]) for r in jsonl.read(path)]
 
 
-def _jobs(scenario, tmp_path, timeout):
+def _jobs(scenario, tmp_path, timeout, **extra):
   """(one-process workdir, two-process workdir) after the same job."""
   one, two = tmp_path / "one", tmp_path / "two"
-  codes, outputs, _ = _run_pair(scenario, two, timeout=timeout)
+  codes, outputs, _ = _run_pair(scenario, two, timeout=timeout, **extra)
   assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
-  _run_single(scenario, one, timeout=timeout)
+  _run_single(scenario, one, timeout=timeout, **extra)
   one, two = one / "work", two / "work"
   assert _files(one) == _files(two)
   _readable(two)
@@ -260,13 +262,40 @@ def test_simpletir_on_two_hosts_matches_one(tmp_path):
   assert jsonl.read_json(two / "done.json") == {"iterations": 2}
 
 
+@pytest.mark.parametrize("setting", [dict(STALENESS=1),
+                                     dict(OVERSAMPLE=3)])
+def test_simpletir_async_or_oversampled_on_two_hosts_matches_one(
+    tmp_path, setting):
+  """Staleness 1 (each host's rollouts sampled a version behind in a
+  thread of its own, which exchanges nothing), or 3x oversampling with
+  failing groups among the kept ones (each host keeps another number of
+  rows): the same rollouts files, records and updated params as one
+  process with the same 8 devices. Two jobs each: minutes."""
+  one, two = _jobs("simpletir", tmp_path, timeout=600, **setting)
+  for it in (0, 1):
+    name = f"rollouts/iter_{it:06d}.jsonl"
+    assert jsonl.read(two / name) == jsonl.read(one / name)
+  recs = [jsonl.read(w / "metrics.jsonl") for w in (one, two)]
+  resume_checks.assert_same_records(recs[1], recs[0])
+  if "STALENESS" in setting:
+    assert {r["meta"]["policy_version"]
+            for r in jsonl.read(two / "rollouts/iter_000001.jsonl")} == {0}
+  else:  # 6 groups drawn; kept up to the 2nd passing one.
+    assert [r["groups_run"] for r in recs[1]] == [6, 6, 5, 5]
+    assert len(jsonl.read(two / "rollouts/iter_000001.jsonl")) == 5 * 4
+  _compare_params(_params(one), _params(two))
+
+
 def test_simpletir_hosts_exchange_no_trajectories(tmp_path):
   """One SimpleTIR iteration on two hosts, with turns of ~64 and of ~512
   tokens: each host keeps the trajectories it rolled out, so the bytes it
   hands to swirl_jax.distributed's exchanges (every host-to-host message
   of the job: row counts, rewards and flags, metrics, checks) are the same
-  for both lengths; the trainer's global batch, built from each host's
-  rows, equals one process's."""
+  for both lengths, and so is every read of device data into its memory
+  (the trainer's log-probs and the mismatch stay on the devices: only
+  scalars and row-sized arrays come back); the trainer's global batch,
+  built from each host's rows, equals one process's. Three jobs of
+  several processes: minutes."""
   got = {}
   for n in (64, 512):
     out = tmp_path / f"two{n}"
@@ -281,6 +310,10 @@ def test_simpletir_hosts_exchange_no_trajectories(tmp_path):
     assert got[64][host]["bytes"] == got[512][host]["bytes"]
     assert got[64][host]["calls"] == got[512][host]["calls"]
     assert got[64][host]["bytes"] < 64 << 10  # Fixed-size checks, mostly.
+    reads = [sorted(got[n][host]["reads"]) for n in (64, 512)]
+    assert reads[0] == reads[1] and reads[0]  # Metrics, at least.
+    # The largest: a fixed-size check message gathered from both hosts.
+    assert max(reads[1]) <= 2 * distributed._MESSAGE_BYTES  # pylint: disable=protected-access
   one = _run_single("simpletir_bytes", tmp_path / "one", timeout=600,
                     RESPONSE_TOKENS=512)
   assert len(one["batch"]["tokens"][0]) > 512

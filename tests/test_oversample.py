@@ -45,7 +45,7 @@ def test_stops_admitting_once_enough_groups_pass(tok):
   assert [t.sample_index for t in trajs] == list(range(G)) * 2
   assert eng.metrics["not_started"] == 20 - 10
   assert [t.reward for t in trajs] == [1.0] * 4 + [1.0, 1.0, 0.0, 0.0]
-  rows, _, stats = grpo.select_rows(trajs, g)
+  rows, _, stats = grpo.select_rows(grpo.figures(trajs, g), g)
   assert stats["groups_kept"] == 1 and set(rows // G) == {1}
   # Two wanted: groups 1 and 2 pass; nothing past group 2 starts.
   trajs = oversample.rollout(_engine(tok, tasks, slots=4), tasks, g, want=2)
@@ -63,17 +63,43 @@ def test_without_oversampling_every_pair_runs(tok):
     oversample.prompts_drawn(8, 0.5)
 
 
-def test_keep_passing_trains_on_want_groups_on_any_host_count(tok):
-  """Every drawn group run (as on several hosts): the passing groups after
-  the first `want` leave; failing groups stay for the statistics."""
+def test_kept_groups_are_the_same_on_any_host_count(tok):
+  """Every drawn group run (as on several hosts): the groups up to the
+  `want`-th passing one stay, failing ones among them for the statistics;
+  one host, which stops admitting, keeps the same groups."""
   tasks = synthetic.arithmetic_tasks(5, seed=3)
   g = grpo.GroupConfig(group_size=G, filter_void=False,
                        accuracy_band=(0.1, 0.9))
   trajs = _engine(tok, tasks, slots=8).run(tasks, samples_per_task=G)
   checkers.score_trajectories(trajs, tasks)
   # Groups 1, 2 and 4 pass the band (accuracy .5, .25, .75); 0 and 3 not.
-  kept = oversample.keep_passing(trajs, g, want=1)
-  assert [t.task_id for t in kept[::G]] == [tasks[i].id for i in (0, 1, 3)]
-  rows, _, stats = grpo.select_rows(kept, g)
-  assert stats["groups_kept"] == 1 and set(rows // G) == {1}
-  assert oversample.keep_passing(trajs, g, want=5) == trajs
+  rewards = [t.reward for t in trajs]
+  kept = oversample.kept_groups(rewards, g, want=2)
+  assert kept.tolist() == [True] * 3 * G + [False] * 2 * G
+  assert oversample.kept_groups(rewards, g, want=3).all()
+  assert oversample.kept_groups(rewards, g, want=5).all()
+  rows, _, stats = grpo.select_rows(
+      grpo.figures(trajs, g).subset(kept), g)
+  assert stats["groups_kept"] == 2 and set(rows // G) == {1, 2}
+  # One host, whose engine stops admitting at the 2nd passing group
+  # (group 2): the same groups.
+  alone = oversample.rollout(_engine(tok, tasks, slots=4), tasks, g, want=2)
+  keep = oversample.kept_groups([t.reward for t in alone], g, want=2)
+  assert [t.id for t, k in zip(alone, keep) if k] == [
+      t.id for t, k in zip(trajs, kept) if k]
+
+
+def test_each_trajectory_is_scored_once(tok, monkeypatch):
+  """The checker sees each returned trajectory once: groups scored as
+  they complete are not scored again (nor cut-short ones at all)."""
+  tasks = synthetic.arithmetic_tasks(5, seed=3)
+  g = grpo.GroupConfig(group_size=G, filter_void=False,
+                       accuracy_band=(0.1, 0.9))
+  checked, real = [], checkers.check_batch
+  monkeypatch.setattr(checkers, "check_batch", lambda ts, answers: (
+      checked.extend(answers), real(ts, answers))[1])
+  trajs = oversample.rollout(_engine(tok, tasks, slots=5), tasks, g, want=1)
+  assert len(checked) == len(trajs) == 2 * G
+  checked.clear()
+  trajs = oversample.rollout(_engine(tok, tasks, slots=8), tasks, g, want=5)
+  assert len(checked) == len(trajs) == 5 * G

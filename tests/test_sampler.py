@@ -1,5 +1,5 @@
 """Sampler: greedy parity with `transformers`, appending to a row after a
-stop (the engine's multi-turn path on the slot cache), behaviour log-probs,
+stop (the engine's multi-turn path on the page pool), behaviour log-probs,
 the sampling distribution, stop strings, errors, compile count (from JAX's
 compile events), host round trips per decode chunk and a fake 8-device
 mesh.
@@ -30,8 +30,8 @@ import hf_models
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, hf_io
 from swirl_jax.training import lora
-from swirl_jax.sampling import distribution, slots, stops
-from swirl_jax.sampling.device import Device, Draw, SlotRow
+from swirl_jax.sampling import distribution, pages, stops
+from swirl_jax.sampling.device import Device, Draw, PlainRow
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -118,11 +118,11 @@ def test_greedy_matches_transformers_smollm2(smollm2, tmp_path):
 
 
 def _opened(s, prompts, chunk_steps: int):
-  """A device with each prompt appended to a slot of its own (20 new tokens
+  """A device with each prompt appended to a row of its own (20 new tokens
   each), as the engine opens rows."""
   dev = s.device(len(prompts), chunk_steps, 32)
   dev.open(len(prompts), len(prompts))
-  rows = [SlotRow(i, p, 20) for i, p in enumerate(prompts)]
+  rows = [PlainRow(i, p, 20) for i, p in enumerate(prompts)]
   dev.append(rows, fresh=True)
   for r in rows:
     r.length = len(r.obs)
@@ -146,7 +146,7 @@ def _decode(dev, rows, stop_strings=()):
 
 
 def test_append_after_a_stop_continues_like_prefilling_everything(qwen):
-  """On the slot cache: decode -> stop at a string -> append an
+  """On the page pool: decode -> stop at a string -> append an
   observation -> decode gives the tokens of prefilling the whole
   concatenated context at once (the engine's multi-turn path)."""
   s, table = qwen["sampler"], qwen["table"]
@@ -177,26 +177,44 @@ def test_append_after_a_stop_continues_like_prefilling_everything(qwen):
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def test_cache_rows_end_at_the_last_returned_token(qwen):
+def test_pages_end_at_the_last_returned_token(qwen):
+  """A row's pages hold exactly its prompt and returned tokens: their keys
+  and values are a fresh prefill's of the same tokens, and no other slot
+  of the pool was written."""
   s = qwen["sampler"]
   assert isinstance(s.device(4, 16, 32), Device)
   prompts = _prompts([4, 9], seed=3)
   dev = s.device(4, 16, 32)
   dev.open(2, 2)
-  rows = [SlotRow(i, p, b) for i, (p, b) in enumerate(zip(prompts,
-                                                          [5, 12]))]
+  rows = [PlainRow(i, p, b) for i, (p, b) in enumerate(zip(prompts,
+                                                           [5, 12]))]
   dev.append(rows, fresh=True)
   for r in rows:
     r.length = len(r.obs)
   out = _decode(dev, rows)
-  cache = dev._dev[0]  # pylint: disable=protected-access
-  valid, pos = np.asarray(cache["valid"]), np.asarray(cache["pos"])
-  for i, (p, (t, _, _)) in enumerate(zip(prompts, out)):
-    n = len(p) + len(t)
-    assert len(t) == rows[i].budget == [5, 12][i]
-    assert int(cache["index"][i]) == n == valid[i].sum()
-    np.testing.assert_array_equal(pos[i][valid[i]], np.arange(n))
+  pool = jax.device_get(dev._dev[0])  # pylint: disable=protected-access
+  page = dev.page
+  whole = [p + t for p, (t, _, _) in zip(prompts, out)]
+  fresh = s.device(4, 16, 32)
+  fresh.open(2, 2)
+  again = [PlainRow(i, w) for i, w in enumerate(whole)]
+  fresh.append(again, fresh=True)
+  ref = jax.device_get(fresh._dev[0])  # pylint: disable=protected-access
+  written = np.zeros(pool["k"][0].shape[1:3], bool)  # [pages, slots].
+  for r, a, (t, _, _), w in zip(rows, again, out, whole):
+    assert len(t) == r.budget and r.seat.tokens == w
+    assert len(r.seat.pages) == -(-len(w) // page)
+    slot = np.arange(len(w))
+    mine = np.asarray(r.seat.pages)[slot // page], slot % page
+    theirs = np.asarray(a.seat.pages)[slot // page], slot % page
+    written[mine] = True
+    for x, y in zip(pool["k"] + pool["v"], ref["k"] + ref["v"]):
+      np.testing.assert_allclose(x[:, mine[0], mine[1]],
+                                 y[:, theirs[0], theirs[1]], atol=1e-5)
+  for x in pool["k"] + pool["v"]:
+    assert not np.any(x[:, ~written]), "a slot no row holds was written"
   dev.close()
+  fresh.close()
 
 
 # ------------------------------------------------------ behaviour log-probs
@@ -405,7 +423,7 @@ def test_eos_stops_a_row(qwen):
       TINY_CONFIG, eos_ids=(eos,)), token_bytes=table)
   with compile_events.counting() as compiles:
     res = with_eos.generate(prompts, max_new_tokens=20)
-  assert not compile_events.slot_programs(compiles)
+  assert not compile_events.cache_programs(compiles)
   for i, t in enumerate(free.tokens):
     n = t.index(eos) if eos in t else None
     if n is None:
@@ -437,7 +455,7 @@ def test_compiles_a_fixed_number_of_programs(qwen):
       s.generate(_prompts(lengths, seed=i), max_new_tokens=10 + 9 * i,
                  temperature=0.5 * (i % 2), top_k=i, top_p=0.9,
                  stop_strings=["ab", "</a>", "x"][:i], seed=i)
-  assert not compile_events.slot_programs(compiles), compiles
+  assert not compile_events.cache_programs(compiles), compiles
 
 
 # ------------------------------------------------------ host round trips
@@ -445,17 +463,17 @@ def test_compiles_a_fixed_number_of_programs(qwen):
 
 @pytest.fixture
 def host_traffic(monkeypatch):
-  """Counts, by name, the slot programs dispatched, the host arrays they
+  """Counts, by name, the pool's programs dispatched, the host arrays they
   take ('to_device') and the device-to-host copies of `jax.Array`s
   ('read': `device_get`, `np.asarray`, `int()` alike)."""
   counts = collections.Counter()
   for name in ("init", "append", "decode"):
-    def counted(*args, _program=getattr(slots, name), _name=name, **kw):
+    def counted(*args, _program=getattr(pages, name), _name=name, **kw):
       counts[_name] += 1
       counts["to_device"] += sum(isinstance(x, np.ndarray)
                                  for x in jax.tree.leaves(args))
       return _program(*args, **kw)
-    monkeypatch.setattr(slots, name, counted)
+    monkeypatch.setattr(pages, name, counted)
   # Every read of a device buffer to the host goes through this method
   # (on a CPU the transfer guard does not fire: nothing is copied).
   copy = getattr(ArrayImpl, "_single_device_array_to_np_array_did_copy",
@@ -481,10 +499,11 @@ def test_host_round_trips_per_decode_chunk(qwen, host_traffic):
   host_traffic.clear()
   res = s.generate(prompts, max_new_tokens=20)
   assert [len(t) for t in res.tokens] == [20] * 4
-  # Host arrays: append's rows, fresh flags, tokens, mask; decode's rows,
-  # 5 draw columns, budgets, EOS ids.
+  # Host arrays: append's rows, page tables, tokens held, stop states,
+  # tokens, mask; decode's rows, page tables, tokens held, 5 draw columns,
+  # budgets, EOS ids.
   assert host_traffic == dict(init=1, append=1, decode=1, read=4,
-                              to_device=12)
+                              to_device=16)
   # The engine's way: a chunk after each stretch (20 tokens each here),
   # on generate's programs.
   dev, rows = _opened(s, prompts, chunk_steps=64)
@@ -492,7 +511,7 @@ def test_host_round_trips_per_decode_chunk(qwen, host_traffic):
   for _ in range(3):
     assert [len(t) for t, _, _ in _decode(dev, rows)] == [20] * 4
   dev.close()
-  assert host_traffic == dict(decode=3, read=12, to_device=24)
+  assert host_traffic == dict(decode=3, read=12, to_device=30)
 
 
 # ------------------------------------------------------------------ mesh

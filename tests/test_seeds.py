@@ -68,8 +68,12 @@ def test_demo_over_two_seeds_through_main(tmp_path):
                      .read_text())["base"]["accuracy"] for s in (0, 1)]
   assert rep["policies"]["base"]["accuracy"]["mean"] == pytest.approx(
       sum(accs) / 2)
-  assert json.loads((tmp_path / "seed_1" / "done.json").read_text()) == {
-      "seed": 1}
+  done = json.loads((tmp_path / "seed_1" / "done.json").read_text())
+  assert done["seed"] == 1 and done["wall_s"] > 0
+  # Each seed's wall time and the commit it ran at, in the JSON and table.
+  assert rep["runs"]["1"] == {"wall_s": done["wall_s"],
+                              "commit": seeds.commit()}
+  assert "seed 1: " in (tmp_path / "seeds.md").read_text()
   # A finished seed is read, not run again: edit its results and rerun.
   res = tmp_path / "seed_0" / "eval" / "results.json"
   r = json.loads(res.read_text())

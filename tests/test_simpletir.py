@@ -16,6 +16,8 @@ from swirl_jax.rollout.records import Trajectory, Turn
 from swirl_jax.simpletir import grpo, report, void
 from swirl_jax.training import step as step_lib
 
+import simpletir_script  # pylint: disable=g-bad-import-order
+
 # METHODS.md: a void turn has neither a complete code block nor a final
 # answer; an unclosed (truncated) block is void.
 VOID_TABLE = [
@@ -49,7 +51,7 @@ def test_void_rows_keep_group_statistics_but_leave_the_loss():
   trajs = [_traj(0, 1.0, [ok]), _traj(1, 0.0, [bad]), _traj(2, 0.0, [ok]),
            _traj(3, 1.0, [ok])]
   g = grpo.GroupConfig(group_size=4, accuracy_band=None)
-  rows, adv, stats = grpo.select_rows(trajs, g)
+  rows, adv, stats = grpo.select_rows(grpo.figures(trajs, g), g)
   assert rows.tolist() == [0, 2, 3] and stats["void_rate"] == 0.25
   # Mean 0.5 and std over all four (void included) set the advantages.
   r = np.array([1.0, 0.0, 0.0, 1.0])
@@ -60,7 +62,8 @@ def test_void_rows_keep_group_statistics_but_leave_the_loss():
   assert not np.allclose(adv, (r3 - r3.mean()) / r3.std(ddof=1))
   g_off = grpo.GroupConfig(group_size=4, accuracy_band=None,
                            filter_void=False)
-  assert grpo.select_rows(trajs, g_off)[0].tolist() == [0, 1, 2, 3]
+  assert grpo.select_rows(grpo.figures(trajs, g_off), g_off)[0].tolist() \
+      == [0, 1, 2, 3]
 
 
 def test_masked_void_trajectory_contributes_zero_gradient():
@@ -74,7 +77,7 @@ def test_masked_void_trajectory_contributes_zero_gradient():
 
   def grad_with(void_tokens):
     trajs[1].turns[0].action_ids = void_tokens
-    rows, adv, _ = grpo.select_rows(trajs, g)
+    rows, adv, _ = grpo.select_rows(grpo.figures(trajs, g), g)
     # Keep the void row in the batch, masked, to show it adds nothing.
     seqs = [t.token_sequence() for t in trajs]
     keep = np.isin(np.arange(4), rows)
@@ -90,25 +93,6 @@ def test_masked_void_trajectory_contributes_zero_gradient():
   g1, g2 = grad_with([100, 101]), grad_with([7000, 9000])
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7),
                g1, g2)
-
-
-def _simpletir_config(**rollout):
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location(
-      "simpletir_math", "configs/simpletir_math.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config("model=tiny,runlocal,data=synthetic_arith")
-  c.num_iterations = 3
-  c.prompts_per_step = 2
-  c.grpo.group_size = 4
-  c.rollout.update(max_turns=2, max_new_tokens=24, max_response_tokens=48,
-                   **rollout)
-  c.sampler.max_cache_len = 512
-  c.train.mini_batch_size = 4
-  c.train.num_steps = 12
-  c.train.progress = False
-  return c
 
 
 # Grad norms of the 6 updates, recorded from two identical runs each. The
@@ -129,38 +113,18 @@ _GRAD_NORMS = {
 def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch, old_logprobs):
   """Several GRPO iterations; every code block runs in the sandbox.
 
-  Turns are replayed (a random tiny model rarely closes a code block), so
-  rewards vary within each group: right, void, wrong, right-after-output.
+  Turns are replayed (simpletir_script.py: a random tiny model rarely
+  closes a code block), so rewards vary within each group: right, void,
+  wrong, right-after-output.
   """
-  from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
-  from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
   from swirl_jax.tools import sandbox  # pylint: disable=g-import-not-at-top
-  c = _simpletir_config()
+  c = simpletir_script.config()
   c.old_logprobs = old_logprobs
-  ran, answers = [], []
+  ran = []
   real = sandbox.Sandbox.run_batch
   monkeypatch.setattr(sandbox.Sandbox, "run_batch", lambda self, s: (
       ran.extend(s), real(self, s))[1])
-
-  def make_sampler(params, cfg, tok):
-    def script(row, turn):
-      gold = answers[row // 4]
-      k = row % 4
-      return [f"```python\nfinal_answer({gold})\n```\n",
-              "```python\nprint(1",
-              "```python\nfinal_answer(-1)\n```\n",
-              [f"```python\nprint({gold})\n```\n",
-               f"It prints {gold}, so \\boxed{{{gold}}}."][min(turn, 1)]][k]
-    return ScriptedSampler(tok, script)
-
-  orig_run_pairs = train.engine_lib.RolloutEngine.run_pairs
-
-  def run_pairs(self, pairs, **kw):
-    answers[:] = [t.answer for t, k in pairs[::4]]
-    return orig_run_pairs(self, pairs, **kw)
-
-  monkeypatch.setattr(train.engine_lib.RolloutEngine, "run_pairs", run_pairs)
-  train.run(c, str(tmp_path), make_sampler=make_sampler)
+  simpletir_script.run(c, tmp_path, monkeypatch.setattr)
   assert any("final_answer" in s for s in ran)
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   # 3 iterations x (2 prompts x 4 rows // mini-batch 4) steps.
@@ -187,6 +151,51 @@ def _metrics(path, lines):
   (path / "metrics.jsonl").write_text(
       "".join(json.dumps(l) + "\n" for l in lines))
   return path
+
+
+def test_validation_records_once_on_a_resume_and_a_rerun(tmp_path,
+                                                        monkeypatch):
+  """Validation every 2 iterations (before the first, at 2, after the
+  last; scripted turns): each record carries its iteration, so a run
+  stopped after 2 iterations and resumed to 3 (a resume at a multiple of
+  `every`), or a finished run run again, writes each once: the same
+  records as one straight run. Several runs: over a minute."""
+  c = simpletir_script.config()
+  c.validation.update(every=2, k=2, limit=2)
+  read = lambda w: [json.loads(l) for l in open(w / "metrics.jsonl")]
+  simpletir_script.run(c, tmp_path / "straight", monkeypatch.setattr)
+  want = read(tmp_path / "straight")
+  assert [(r["iteration"], r["val_iteration"]) for r in want
+          if "val_iteration" in r] == [(0, 0.0), (2, 2.0), (3, 3.0)]
+  assert [r["iteration"] for r in report.iterations(
+      tmp_path / "straight")] == [0, 1, 2]
+  simpletir_script.run(c, tmp_path / "straight", monkeypatch.setattr)
+  assert read(tmp_path / "straight") == want  # A rerun of a finished run.
+  c.num_iterations = 2
+  simpletir_script.run(c, tmp_path / "resumed", monkeypatch.setattr)
+  c.num_iterations = 3
+  simpletir_script.run(c, tmp_path / "resumed", monkeypatch.setattr)
+  assert read(tmp_path / "resumed") == want
+
+
+def test_oversampled_rollouts_are_scored_once(tmp_path, monkeypatch):
+  """2x oversampling, one host (scripted turns: every group passes): each
+  iteration's 4 groups all run (32 cache rows) and each rollout is
+  checked once; the first 2 groups are kept, in the statistics and the
+  rollouts file alike."""
+  from swirl_jax.tasks import checkers  # pylint: disable=g-import-not-at-top
+  c = simpletir_script.config()
+  c.oversample = 2.0
+  checked, real = [], checkers.check_batch
+  monkeypatch.setattr(checkers, "check_batch", lambda ts, answers: (
+      checked.extend(answers), real(ts, answers))[1])
+  simpletir_script.run(c, tmp_path, monkeypatch.setattr)
+  assert len(checked) == 3 * 4 * 4
+  for r in (json.loads(l) for l in open(tmp_path / "metrics.jsonl")):
+    assert r["groups_run"] == 2 and r["reward"] == 0.5
+  for it in range(3):
+    rows = open(tmp_path / "rollouts" / f"iter_{it:06d}.jsonl").readlines()
+    assert len(rows) == 2 * 4
 
 
 def test_report_summarises_iterations_and_compares_runs(tmp_path):
@@ -221,7 +230,7 @@ def test_grpo_iteration_with_real_tiny_model(tmp_path):
   code's validation before the first and after the last iteration (into
   metrics.jsonl and the report), and the policy exported at the end."""
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
-  c = _simpletir_config(temperature=1.0)
+  c = simpletir_script.config(temperature=1.0)
   c.num_iterations = 1
   c.grpo.drop_zero_variance = False  # Random rewards are mostly 0.
   c.grpo.filter_void = False

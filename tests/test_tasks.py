@@ -124,6 +124,28 @@ def test_synthetic_deterministic():
       synthetic.arithmetic_tasks(5, seed=1, split="test"))
 
 
+def test_compute_tasks_need_code_and_splits_are_disjoint():
+  """Held-out computations share no question with training or the
+  demonstrations, at any size; each answer is what Python computes."""
+  splits = {s: synthetic.compute_tasks(300, s)
+            for s in ("train", "test", "demo")}
+  questions = {s: {t.question for t in ts} for s, ts in splits.items()}
+  assert all(len(q) == 300 for q in questions.values())  # Distinct.
+  assert not questions["test"] & (questions["train"] | questions["demo"])
+  assert not questions["train"] & questions["demo"]
+  assert synthetic.compute_tasks(300, "test") == splits["test"]
+  assert datasets.load_tasks("synthetic_compute", "test", limit=5) == (
+      splits["test"][:5])
+  for t in splits["test"][:50]:
+    step, = t.metadata["solution_graph"]
+    # What Python prints (the sandbox runs the same expression).
+    assert str(eval(step["expression"], {})) == t.answer  # pylint: disable=eval-used
+    assert 2 <= int(t.answer) < 100 and checkers.check(t, t.answer)
+    # No answer is a number of the question: copying one never answers.
+    assert t.answer not in t.question.replace("?", "").replace(
+        ",", "").split()
+
+
 def test_arithmetic_solution_graph_is_right():
   tasks = synthetic.arithmetic_tasks(40, seed=0)
   assert {len(t.metadata["solution_graph"]) for t in tasks} == {2, 3, 4}

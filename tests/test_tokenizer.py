@@ -345,3 +345,31 @@ def test_train_like_whole_numbers(smol):
   assert len(split.encode(" 29")) == 3  # 'Ġ', '2', '9'
   assert [whole.id_to_piece(i) for i in whole.encode(" 29")] == ["Ġ29"]
   assert whole.decode(whole.encode("x 12345 y")) == "x 12345 y"
+
+
+def test_train_like_phrases_and_the_prompts_fixed_text(smol, tmp_path):
+  """The warm start's prompt phrases: every prompt's fixed text (the
+  template's system turn, the SimpleTIR instruction) as one token each,
+  the text unchanged, the question's own words left to the BPE."""
+  from swirl_jax import warmstart  # pylint: disable=g-import-not-at-top
+  from swirl_jax.rollout import prompts  # pylint: disable=g-import-not-at-top
+  from swirl_jax.tasks import synthetic  # pylint: disable=g-import-not-at-top
+  tasks = synthetic.compute_tasks(40, "demo")
+  phrases = warmstart.prompt_phrases(smol, tasks, "simpletir")
+  instruction = prompts.SIMPLETIR_INSTRUCTION.split("{question}")[0]
+  assert any(instruction.replace("{{", "{").replace("}}", "}") in p
+             for p in phrases)
+  assert not any(t.question in p for t in tasks for p in phrases)
+  assert not any("<|im_start|>" in p for p in phrases)
+  texts = [warmstart.conversation_text(smol, t, True, "simpletir")
+           for t in tasks]
+  plain = smol.train_like(texts, 400, split_digits=False)
+  new = smol.train_like(texts, 400, split_digits=False, phrases=phrases)
+  prompt = smol.apply_chat_template(prompts.messages(tasks[0], "simpletir"),
+                                    add_generation_prompt=True)
+  ids = new.encode(prompt)
+  assert new.decode(ids) == prompt
+  assert len(ids) < len(plain.encode(prompt)) - 60
+  assert all(new.id_to_piece(new.piece_to_id(p)) == p for p in phrases)
+  new.save_hf_dir(tmp_path)
+  assert Tokenizer.from_hf_dir(tmp_path).encode(prompt) == ids

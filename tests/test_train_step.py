@@ -2,6 +2,7 @@
 LoRA and every loss kind, on the tiny model."""
 
 import textwrap
+import threading
 
 import jax
 import ml_collections
@@ -381,3 +382,25 @@ def test_sampling_params_are_a_compute_dtype_copy(tmp_path):
   assert all(a is b for a, b in zip(jax.tree.leaves(t.sampling_params()),
                                     jax.tree.leaves(t.policy_params())))
   t.close(save=False)
+
+
+def test_active_mesh_is_per_thread():
+  """A mesh one thread activates (`use_mesh`) is not another thread's (a
+  rollout generator traces beside the trainer), and is gone after."""
+  mesh = shd.make_mesh([("data", -1)])
+  entered, seen, done = threading.Event(), {}, threading.Event()
+
+  def other():
+    entered.wait()
+    seen["mesh"], seen["rules"] = shd.active_mesh(), shd.active_rules()
+    done.set()
+
+  t = threading.Thread(target=other)
+  t.start()
+  with shd.use_mesh(mesh, rules=(("batch", "data"),)):
+    entered.set()
+    done.wait()
+    assert shd.active_mesh() is mesh
+  t.join()
+  assert seen == {"mesh": None, "rules": shd.DEFAULT_RULES}
+  assert shd.active_mesh() is None

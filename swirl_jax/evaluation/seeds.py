@@ -13,6 +13,8 @@ line.
 
 import json
 import pathlib
+import subprocess
+import time
 from typing import Callable, Sequence
 
 import ml_collections
@@ -107,29 +109,58 @@ def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
   only = int(c.get("only_seed", -1))
   if only >= n:
     raise ValueError(f"only_seed {only}: not one of the {n} seeds")
-  work, per_seed = pathlib.Path(workdir), {}
+  work, per_seed, done = pathlib.Path(workdir), {}, {}
   for s in range(n) if only < 0 else (only,):
     sub = work / f"seed_{s}"
     if not (sub / "done.json").exists():
       logging.info("seed %d of %d: %s", s + 1, n, sub)
       cs = with_seed(c, s)
       cs.seeds, cs.only_seed = 0, -1
+      t0 = time.time()
       run_seed(cs, str(sub))
-      (sub / "done.json").write_text(json.dumps({"seed": s}))
+      (sub / "done.json").write_text(json.dumps(
+          {"seed": s, "wall_s": time.time() - t0, "commit": commit()}))
     per_seed[s] = read_seed(str(sub))
+    done[s] = json.loads((sub / "done.json").read_text())
   if only >= 0:
     return None
   agg = aggregate(per_seed, metrics, base)
+  runs = {str(s): dict(wall_s=d.get("wall_s"), commit=d.get("commit"))
+          for s, d in done.items()}
   out = dict(seeds=n, policies=agg,
-             per_seed={str(s): r for s, r in per_seed.items()})
+             per_seed={str(s): r for s, r in per_seed.items()}, runs=runs)
   (work / "seeds.json").write_text(json.dumps(out, indent=2))
   md = table(agg, metrics)
   (work / "seeds.md").write_text(
       f"Results over {n} seeds: mean ± sample std (min–max); a gain "
-      f"row's '*': its mean exceeds its spread.{note}\n\n" + md + "\n")
+      f"row's '*': its mean exceeds its spread.{note}\n\n" + md + "\n\n"
+      + runs_line(runs) + "\n")
   print(md)
   print(json.dumps(out), flush=True)
   return out
+
+
+def commit() -> str:
+  """The checkout's commit (`+dirty` with uncommitted changes to tracked
+  files), or '' outside a git checkout."""
+  root = pathlib.Path(__file__).resolve().parents[2]
+  git = lambda *a: subprocess.run(["git", "-C", str(root), *a],
+                                  capture_output=True, text=True,
+                                  check=False)
+  head = git("rev-parse", "--short", "HEAD")
+  if head.returncode:
+    return ""
+  dirty = git("status", "--porcelain", "--untracked-files=no").stdout
+  return head.stdout.strip() + ("+dirty" if dirty.strip() else "")
+
+
+def runs_line(runs: dict) -> str:
+  """'Seed s: M min at commit C', per seed, as one line."""
+  parts = []
+  for s, r in runs.items():
+    wall = "?" if r.get("wall_s") is None else f"{r['wall_s'] / 60:.1f} min"
+    parts.append(f"seed {s}: {wall} at {r.get('commit') or '?'}")
+  return "Runs: " + "; ".join(parts) + "."
 
 
 def plot_curves(curves: dict[str, dict[int, list[tuple[float, float]]]],

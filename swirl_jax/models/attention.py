@@ -17,6 +17,8 @@
   auto         splash on a TPU, dot_product on a GPU, xla_blocks elsewhere.
 
 Each returns `[B, T, N * H]` from q `[B, T, N, H]` and k, v `[B, T, K, H]`.
+Attention through the KV cache (sampling) is models/paged.py's, behind
+`ModelConfig.paged_attention_impl`.
 Query rows without a visible key (padding) get outputs of no meaning, as in
 the block attention; they are masked downstream.
 """

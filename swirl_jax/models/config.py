@@ -69,6 +69,9 @@ class ModelConfig:
   # Attention without a cache: auto | xla_blocks | dot_product | splash
   # (models/attention.py); auto picks by backend.
   attention_impl: str = "auto"
+  # Attention over the KV cache's pages (sampling): auto | xla | pallas
+  # (models/paged.py); auto picks by backend.
+  paged_attention_impl: str = "auto"
 
   def __post_init__(self):
     self._freeze()

@@ -5,22 +5,15 @@ when a KV cache is passed in, the updated cache.
 
 Without a cache (training, scoring) layers are stacked and scanned: params
 carry a leading 'layers' axis, so compile time does not grow with depth.
-With a cache (prefill, extend, decode) the layers run one after another over
-their own params and cache arrays (`split_layers`): each layer writes its new
-keys / values into its cache in place and then attends over it. Scanning a
-stacked cache instead slices a copy of every layer's cache (and weights) on
-every decode step.
-
-The KV cache is a dict:
-  k      L-tuple of [B, K, H, S]  each layer's keys (slots last: the scores
-                                   are a plain matmul)
-  v      L-tuple of [B, K, S, H]  each layer's values
-  pos    [B, S] int32      position of each slot (for RoPE'd sliding windows)
-  valid  [B, S] bool       slot holds a real token (not padding / empty)
-  index  []     int32      next slot to write; all rows write the same slots
-         or [B]            each row's own next slot (the rollout engine's
-                           slot-per-row cache: rows never share padding)
-Rows of different lengths are padded, and padded slots stay invalid forever.
+With a KV cache (prefill, extend, decode) the layers run one after another
+over their own params (`split_layers`), each handing its new keys / values
+to the cache's attention (`cached_hidden_states`): scanning stacked layers
+instead slices a copy of every layer's weights (and cache) on every decode
+step. The cache is a pool of pages (models/paged.py): a call names each
+row's page table and how many tokens it holds (`paged.Rows`); its new
+tokens' keys / values are written into their pages in place and each new
+token attends over its row's earlier tokens and the new ones up to itself.
+Rows hold no padding: a row's slot s holds its token at position s.
 
 LoRA is a side path: `params['lora']`, laid out like `params`, holds
 `{'a': [*in, r], 'b': [r, *out]}` (scale folded into b; training/lora.py)
@@ -36,11 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swirl_jax.models import attention
+from swirl_jax.models import attention, paged
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sharding import constrain
 
-Cache = dict[str, jax.Array]
+Cache = paged.Cache
 
 
 def _dt(name: str):
@@ -127,18 +120,15 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, pos_BT, mask_BTS, kv_cache=None, index=None,
-               sliding=False):
-    """Attends over the new tokens alone, or over this layer's cache.
+  def __call__(self, x_BTD, pos_BT, mask_BTS, sliding=False, cached=None):
+    """Attends over the new tokens alone, or through a KV cache.
 
-    With kv_cache = (k [B, K, H, S], v [B, K, S, H]), the new keys / values are
-    first written at slots index .. index + T and the queries then attend
-    over all S slots (mask_BTS covers them). Writing before reading lets XLA
-    update the cache in place inside a decode loop; reading the old cache
-    and writing afterwards makes it copy the cache on every step.
+    `cached(q [B, T, N, H], k [B, T, K, H], v [B, T, K, H], sliding) ->
+    (o [B, T, N * H], aux)`: the cache's attention (it stores the new keys
+    and values and attends over the cache); `mask_BTS` is then unused.
 
     Returns:
-      (output [B, T, D], the updated (k, v) cache or None).
+      (output [B, T, D], the cache's `aux` or None).
     """
     c, dt = self.cfg, _dt(self.cfg.dtype)
     D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
@@ -161,25 +151,15 @@ class Attention(nn.Module):
     inv = rope_inv_freq(c)
     q, k = apply_rope(q, pos_BT, inv), apply_rope(k, pos_BT, inv)
     q = constrain(q, ("batch", "length", "act_heads", None))
-    v_BKSH = v.transpose(0, 2, 1, 3)
-    if kv_cache is None:
-      o = attention.no_cache(c, q, k, v, mask_BTS, sliding)
-      new_cache = None
+    if cached is None:
+      o, aux = attention.no_cache(c, q, k, v, mask_BTS, sliding), None
     else:
-      # Cached keys are stored [B, K, H, S]: the scores are then a plain
-      # (m, h) x (h, s) product, several times faster on a CPU than
-      # contracting the last dim of both.
-      ck, cv = kv_cache
-      ck = put_slots(ck, k.transpose(0, 2, 3, 1), index, axis=3)
-      cv = put_slots(cv, v_BKSH, index, axis=2)
-      new_cache = (ck, cv)
-      o = attention.attend(c, q, ck.astype(dt), cv.astype(dt), mask_BTS,
-                           keys_last=True)
+      o, aux = cached(q, k, v, sliding)
     w_o = p("o", ("heads", "head_dim", "embed"), (N, H, D))
     # One (n h) x d product: with (n, h) as two contracting dims XLA may
     # transpose the weight, a copy of it on every call.
     out = project(self, "o", o, w_o.reshape(N * H, D))
-    return out, new_cache
+    return out, aux
 
 
 class MLP(nn.Module):
@@ -203,16 +183,20 @@ class Layer(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, layer_idx, pos_BT, mask_full, mask_slide, kv=None,
-               index=None):
-    """kv: this layer's (k, v) cache, written at `index`, or None."""
+  def __call__(self, x, layer_idx, pos_BT, mask_full, mask_slide,
+               cached=None):
+    """`cached`: this layer's cache attention (see `Attention`), or None;
+    with it `layer_idx` is a Python int and the masks are unused."""
     c = self.cfg
-    sliding = jnp.asarray(c.sliding_layers)[layer_idx]
-    mask = jnp.where(sliding, mask_slide, mask_full)
-    kinds = set(c.sliding_layers)  # Static when all layers are alike.
-    h, kv = Attention(c, name="attn")(
-        RMSNorm(c, name="input_norm")(x), pos_BT, mask, kv, index,
-        sliding=kinds.pop() if len(kinds) == 1 else sliding)
+    if cached is not None:
+      sliding, mask = c.sliding_layers[layer_idx], None
+    else:
+      flag = jnp.asarray(c.sliding_layers)[layer_idx]
+      mask = jnp.where(flag, mask_slide, mask_full)
+      kinds = set(c.sliding_layers)  # Static when all layers are alike.
+      sliding = kinds.pop() if len(kinds) == 1 else flag
+    h, aux = Attention(c, name="attn")(
+        RMSNorm(c, name="input_norm")(x), pos_BT, mask, sliding, cached)
     if c.is_gemma:
       h = RMSNorm(c, name="post_attn_norm")(h)
     x = x + h
@@ -221,7 +205,7 @@ class Layer(nn.Module):
     if c.is_gemma:
       h = RMSNorm(c, name="post_ffw_norm")(h)
     x = constrain(x + h, ("batch", "length", "act_embed"))
-    return x, kv
+    return x, aux
 
 
 _REMAT = {
@@ -284,11 +268,9 @@ class Decoder(nn.Module):
 
 
 def _masks(c: ModelConfig, q_pos_BT, k_pos_BS, k_valid_BS, causal_TS):
-  """[B, T, S] visibility of keys to queries: valid key, causal (by slot
+  """[B, T, S] visibility of keys to queries: valid key, causal (by token
   order), and for sliding layers within the window (by position)."""
-  if causal_TS.ndim == 2:  # One write index for all rows; else [B, T, S].
-    causal_TS = causal_TS[None]
-  full = k_valid_BS[:, None, :] & causal_TS
+  full = k_valid_BS[:, None, :] & causal_TS[None]
   slide = full
   if c.sliding_window and any(c.sliding_layers):
     dist = q_pos_BT[:, :, None] - k_pos_BS[:, None, :]
@@ -297,18 +279,6 @@ def _masks(c: ModelConfig, q_pos_BT, k_pos_BS, k_valid_BS, causal_TS):
 
 
 # ---------------------------------------------------------------- functional
-
-
-def init_cache(cfg: ModelConfig, batch: int, length: int,
-               dtype: str | None = None) -> Cache:
-  dt = _dt(dtype or cfg.dtype)
-  K, H = cfg.num_kv_heads, cfg.head_dim
-  zeros = lambda *shape: tuple(jnp.zeros(shape, dt)
-                               for _ in range(cfg.num_layers))
-  return dict(k=zeros(batch, K, H, length), v=zeros(batch, K, length, H),
-              pos=jnp.zeros((batch, length), jnp.int32),
-              valid=jnp.zeros((batch, length), bool),
-              index=jnp.zeros((), jnp.int32))
 
 
 def split_layers(params):
@@ -323,56 +293,49 @@ def split_layers(params):
                                    for i in range(n)))
 
 
-def put_slots(old, new, index, axis: int):
-  """`old` with `new` written from slot `index` on along `axis`: one index
-  for all rows, or one per row ([B], each row's own write position)."""
-  zero = jnp.zeros((), jnp.int32)
-  new = new.astype(old.dtype)
-  if jnp.ndim(index) == 0:
-    return jax.lax.dynamic_update_slice(
-        old, new, tuple(index if a == axis else zero
-                        for a in range(old.ndim)))
-  # Per row (the batch axis mapped away, so `axis` moves down by one).
-  return jax.vmap(lambda o, n, i: jax.lax.dynamic_update_slice(
-      o, n, tuple(i if a == axis - 1 else zero for a in range(o.ndim))))(
-          old, new, index)
-
-
-def _cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
-                          mask_BT, cache: Cache):
-  """Hidden states of new tokens written at slots index .. index + T.
-
-  `cache["index"]` is one write slot for all rows ([]), or one per row
-  ([B]: rows then put their real tokens first, right-padded, and each
-  advances by its own count, so a row's slot s holds its position s).
-  """
+def cached_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
+                         attend):
+  """Final normed hidden states of new tokens whose attention goes through
+  a KV cache: `attend(i, q, k, v, sliding) -> (o, aux)` for layer i (see
+  `Attention`). Returns (hidden states, [aux of each layer])."""
   c = cfg
   params = split_layers(params)
   side = split_layers(params["lora"])["layers"] if "lora" in params else None
-  index, T = cache["index"], tokens_BT.shape[1]
-  k_pos = put_slots(cache["pos"], pos_BT, index, axis=1)
-  k_valid = put_slots(cache["valid"], mask_BT, index, axis=1)
-  S = k_valid.shape[1]
-  if jnp.ndim(index) == 0:
-    causal = jnp.arange(S)[None, :] <= index + jnp.arange(T)[:, None]
-    advance = T
-  else:
-    causal = (jnp.arange(S)[None, None, :]
-              <= index[:, None, None] + jnp.arange(T)[None, :, None])
-    advance = jnp.sum(mask_BT, axis=1, dtype=index.dtype)
-  mask_full, mask_slide = _masks(c, pos_BT, k_pos, k_valid, causal)
   x = embed_tokens(params["embedding"], c, tokens_BT)
-  ks, vs = [], []
+  auxes = []
   for i, layer_params in enumerate(params["layers"]):
     lora = {"lora": side[i]} if side else {}
-    x, (k, v) = Layer(c).apply(
-        {"params": layer_params, **lora}, x, i, pos_BT, mask_full, mask_slide,
-        (cache["k"][i], cache["v"][i]), index)
-    ks.append(k)
-    vs.append(v)
-  x = RMSNorm(c).apply({"params": params["final_norm"]}, x)
-  return x, dict(k=tuple(ks), v=tuple(vs), pos=k_pos, valid=k_valid,
-                 index=index + advance)
+    x, aux = Layer(c).apply({"params": layer_params, **lora}, x, i, pos_BT,
+                            None, None, functools.partial(attend, i))
+    auxes.append(aux)
+  return RMSNorm(c).apply({"params": params["final_norm"]}, x), auxes
+
+
+def _paged_hidden_states(params, cfg: ModelConfig, tokens_BT, pos_BT,
+                         mask_BT, cache: Cache, rows: paged.Rows):
+  """New tokens (right-padded, real where `mask_BT`, at positions = their
+  slots) written at slots start .. start + T of their rows' pages; each
+  layer attends over a view of the rows' prefix pages, gathered, and the
+  new tokens (as the pages store them: in the cache dtype)."""
+  T = tokens_BT.shape[1]
+  n = paged.prefix_pages(rows, T, paged.page_size(cache))
+  S = n * paged.page_size(cache)
+  masks = paged.view_masks(cfg, rows.start_B, S,
+                           jnp.arange(T, dtype=jnp.int32), S + T)
+  dt = _dt(cfg.dtype)
+
+  def attend(i, q, k, v, sliding):
+    kp, vp = paged.write(cache["k"][i], cache["v"][i], rows, k, v, mask_BT)
+    prefix = paged.gather(kp, vp, rows.table_BN[:, :n], dt) if n else None
+    stored = lambda x: x.astype(kp.dtype).astype(dt)
+    view_k, view_v = paged.with_new(prefix, stored(k), stored(v))
+    o = attention.attend(cfg, q, view_k, view_v, masks[int(sliding)],
+                         keys_last=True)
+    return o, (kp, vp)
+
+  h, pools = cached_hidden_states(params, cfg, tokens_BT, pos_BT, attend)
+  return h, paged.constrain_pool(dict(k=tuple(k for k, _ in pools),
+                                      v=tuple(v for _, v in pools)))
 
 
 def default_positions(mask_BT: jax.Array) -> jax.Array:
@@ -381,15 +344,22 @@ def default_positions(mask_BT: jax.Array) -> jax.Array:
 
 
 def hidden_states(params, cfg: ModelConfig, tokens_BT, positions_BT=None,
-                  mask_BT=None, cache: Cache | None = None):
+                  mask_BT=None, cache: Cache | None = None,
+                  rows: paged.Rows | None = None):
+  """Final normed hidden states [B, T, D], and the updated cache (None
+  without one). With a cache, `rows` says where each row's tokens are;
+  its new tokens are right-padded and their positions are their slots
+  (start, start + 1, ...: the default)."""
   if mask_BT is None:
     mask_BT = jnp.ones(tokens_BT.shape, bool)
-  if positions_BT is None:
-    positions_BT = default_positions(mask_BT)
   mask_BT = mask_BT.astype(bool)
   if cache is not None:
-    return _cached_hidden_states(params, cfg, tokens_BT, positions_BT,
-                                 mask_BT, cache)
+    if positions_BT is None:
+      positions_BT = rows.start_B[:, None] + default_positions(mask_BT)
+    return _paged_hidden_states(params, cfg, tokens_BT, positions_BT,
+                                mask_BT, cache, rows)
+  if positions_BT is None:
+    positions_BT = default_positions(mask_BT)
   variables = {"params": {k: v for k, v in params.items() if k != "lora"}}
   if "lora" in params:
     variables["lora"] = params["lora"]
@@ -419,10 +389,11 @@ def unembed_with(sub, cfg: ModelConfig, h):
 
 
 def forward(params, cfg: ModelConfig, tokens_BT, positions_BT=None,
-            mask_BT=None, cache: Cache | None = None):
+            mask_BT=None, cache: Cache | None = None,
+            rows: paged.Rows | None = None):
   """Logits [B, T, V] (float32) and the updated cache (None without one)."""
   h, cache = hidden_states(params, cfg, tokens_BT, positions_BT, mask_BT,
-                           cache)
+                           cache, rows)
   return unembed_with(unembed_params(params, cfg), cfg, h), cache
 
 

@@ -233,7 +233,8 @@ class Tokenizer:
     return {k: self._token(i) for k, i in names.items() if i is not None}
 
   def train_like(self, texts: Iterable[str], vocab_size: int, *,
-                 split_digits: bool = True) -> "Tokenizer":
+                 split_digits: bool = True,
+                 phrases: Sequence[str] = ()) -> "Tokenizer":
     """A new byte-level BPE vocabulary learnt from `texts`, shaped like this.
 
     The new tokenizer keeps this one's special tokens (in id order, so
@@ -243,13 +244,15 @@ class Tokenizer:
     49k-entry output layer would cost more than the rest of the model.
     `split_digits=False` drops a one-digit-per-token rule, so frequent
     numbers become single tokens (easier to copy for a small model).
+    `phrases` (texts every prompt repeats, such as a fixed instruction)
+    become one token each: the text is unchanged, the sequences shorter.
     """
     if not self._bytelevel:
       raise TokenizerError(f"{self._source or 'tokenizer'}: train_like needs "
                            "a byte-level BPE tokenizer")
     added = sorted(self._backend.get_added_tokens_decoder().items())
     backend = pipeline.retrained(self._backend, texts, vocab_size,
-                                 split_digits)
+                                 split_digits, phrases)
     ids = {t.content: backend.token_to_id(t.content) for _, t in added}
     new = lambda i: None if i is None else ids[self._backend.id_to_token(i)]
     return Tokenizer(backend, bos_id=new(self._bos_id),

@@ -5,17 +5,20 @@ decoder), so it works on any vocabulary, whatever file it came from.
 """
 
 import json
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import tokenizers
 from tokenizers import AddedToken, models, pre_tokenizers, trainers
 
 
 def retrained(base: tokenizers.Tokenizer, texts: Iterable[str],
-              vocab_size: int, split_digits: bool) -> tokenizers.Tokenizer:
+              vocab_size: int, split_digits: bool,
+              phrases: Sequence[str] = ()) -> tokenizers.Tokenizer:
   """A byte-level BPE learnt from `texts` with `base`'s pipeline.
 
-  `base`'s added tokens come first, in id order, all special.
+  `base`'s added tokens come first, in id order, all special; then each
+  of `phrases` as one plain (non-special) token, matched verbatim before
+  pre-tokenisation and decoded as its text.
   """
   added = sorted(base.get_added_tokens_decoder().items())
   specials = [AddedToken(t.content, special=True, normalized=False)
@@ -30,6 +33,9 @@ def retrained(base: tokenizers.Tokenizer, texts: Iterable[str],
       vocab_size=vocab_size, special_tokens=specials, show_progress=False,
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
   backend.train_from_iterator(texts, trainer)
+  if phrases:
+    backend.add_tokens([AddedToken(p, special=False, normalized=False)
+                        for p in phrases])
   return backend
 
 

@@ -10,26 +10,39 @@ prefills and observation appends of the rows that arrive together run as
 one batched `append` each (bucketed shapes: a fixed, small set of compiled
 programs).
 
-The device is the sampler's (`device.Maker`): on a `Sampler`, rows of its
-slot cache (`sampling/slots.py`), with more rows in flight (`slots`) than
-the decode batch (`decode_batch`): rows waiting for a tool keep their
-context in their cache row but take no decode slot, which goes to a row
-that is ready. A paged cache would pack contexts tighter, but it needs a
-page table and gathering pages on every attention step; with one
-contiguous row per trajectory the decoder's cached path stays as it is
-(plus a per-row write index), and each program gathers its rows' live
-prefix once per chunk.
+The device is the sampler's (`device.Maker`): on a `Sampler`, a page pool
+(`sampling/pages.py`), with more rows in flight (`slots`) than the decode
+batch (`decode_batch`): rows waiting for a tool keep their context in
+their pages but take no decode slot, which goes to a row that is ready.
+A row holds pages for the tokens it has, not for the longest context it
+could reach, so a pool (`pages`) far smaller than `slots` full-length
+rows holds them all while most are short. A row is admitted when an entry
+and the pages for its prompt and a decode chunk are free (and no
+preempted row waits). When the pool runs out mid-run, the rows that need
+pages are served oldest first, and each takes them from the youngest rows
+(preemption by recompute, as vLLM's): a preempted row's pages are freed,
+its tokens kept, and its next program recomputes its cache from them
+(`metrics['preempted']`, `metrics['recomputed_tokens']`); a row older than
+every other one is never preempted, so the oldest always advances.
 
 Exactness: a row's draw depends on the row alone (`turns.draw`: the seed
 of its trajectory, turn and stretch; each token's key folds in its
-position), never on its slot or neighbours; the turn logic is
-`turns.py`'s, which the tests' lock-step oracle composes too.
+position), never on its pages, its neighbours or a preemption; the turn
+logic is `turns.py`'s, which the tests' lock-step oracle composes too.
+
+Policy versions: given a `Policy` (params and their version), or a feed
+of them, the engine samples with it and stamps each trajectory with the
+versions that sampled it; a feed's newer version goes into the device
+between decode chunks (`Device.set_params`). Which chunk that is depends
+on timing, so a caller that needs reproducible tokens changes versions
+only between rollouts (simpletir/pipeline.py does).
 """
 
 import collections
 import concurrent.futures
 import dataclasses
 import time
+from typing import Any, Callable, NamedTuple
 
 from swirl_jax import config_lib
 from swirl_jax.rollout import turns
@@ -37,7 +50,13 @@ from swirl_jax.rollout import turns
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig(config_lib.FromConfig):
-  slots: int = 32  # Cache rows: trajectories in flight (per data group).
+  # Trajectories in flight (per data group): each holds a page table and
+  # its logits, and pages for the tokens it has.
+  slots: int = 32
+  # Pages of the KV-cache pool (per data group; `sampler.page_size` tokens
+  # each); 0: enough for `slots` rows at the cache's limit, so no row is
+  # ever preempted (the fit job says how many rows a pool holds).
+  pages: int = 0
   decode_batch: int = 16  # Ready rows decoded together (per data group).
   chunk_steps: int = 8  # Decode steps between host checks.
   tool_workers: int = 16  # Threads running single tool calls.
@@ -47,16 +66,26 @@ class EngineConfig(config_lib.FromConfig):
   precompile: bool = False
 
 
+class Policy(NamedTuple):
+  """Params to sample with (laid out as `Sampler.params`) and their
+  version (e.g. the trainer's data position when they were taken)."""
+  version: int
+  params: Any
+
+
+PolicyFeed = Policy | Callable[[], Policy]
+
+
 class RolloutEngine(turns.Schedule):
   """Trajectories of (task, sample) pairs, with a sampler, a tokenizer
   and tools.
 
   `sampler.device(decode_batch, chunk_steps, append_tokens)` gives the
-  device: a `Sampler`'s slot cache (one per data group of its mesh:
-  `slots` and `decode_batch` are then each group's) or a scripted
-  sampler's script. `metrics` describe the last rollout (see
+  device: a `Sampler`'s page pool (one per data group of its mesh:
+  `slots`, `pages` and `decode_batch` are then each group's) or a
+  scripted sampler's script. `metrics` describe the last rollout (see
   `turns.rollout_metrics`; also `idle_s`, time with nothing to decode
-  while tools ran).
+  while tools ran, and `preempted` / `recomputed_tokens`).
   """
 
   def __init__(self, sampler, tokenizer, tools, config: turns.RolloutConfig,
@@ -68,18 +97,27 @@ class RolloutEngine(turns.Schedule):
     self.engine = engine
     self.device = sampler.device(engine.decode_batch, engine.chunk_steps,
                                  engine.append_tokens)
+    self._version = None  # Of the params in the device (with a policy).
 
   @property
   def shapes(self) -> collections.Counter:
     """Program calls of the last rollout by shape (`Device.shapes`)."""
     return self.device.shapes
 
-  def run_pairs(self, pairs, stop_admitting=None):
+  def run_pairs(self, pairs, stop_admitting=None,
+                policy: PolicyFeed | None = None):
     """One trajectory per (task, sample index), in the order of `pairs`.
 
     `stop_admitting(trajectory) -> bool`, called as each trajectory ends:
     once it returns True no further pair is started (those in flight
     finish), and only the started pairs' trajectories are returned.
+
+    `policy`: what to sample with, a `Policy` or a callable giving the one
+    to sample with now, asked before each device step: one of another
+    version goes into the device between decode chunks
+    (`Device.set_params`; the cache keeps what older params wrote). With
+    it, each trajectory is stamped with the versions that sampled it
+    (`turns.stamp`). Without it, the sampler's params at the start.
     """
     rows = turns.new_rows(pairs, self.tokenizer, self.config.fmt)
     if not rows:
@@ -87,28 +125,44 @@ class RolloutEngine(turns.Schedule):
     for r in rows:
       self._check_prompt(r)
     self._stats, t0 = collections.Counter(), time.perf_counter()
-    free = list(range(self.device.open(len(rows), self.engine.slots)))
+    self.device.open(len(rows), self.engine.slots, self.engine.pages)
+    self._version = None
     if self.engine.precompile:
+      self._take(policy)
       self.device.precompile(self.stops)
     pending, live, started = collections.deque(rows), [], []
+    self._preempted: set[int] = set()  # Rows waiting to be recomputed.
     futures: dict[concurrent.futures.Future, turns.Row] = {}
     with concurrent.futures.ThreadPoolExecutor(
         self.engine.tool_workers) as pool:
       while pending or live:
         self._collect(futures, block=False)
-        while free and pending:
+        while pending and not self._preempted and self.device.reserve(
+            [pending[0]], [len(pending[0].obs) + self.engine.chunk_steps]):
           started.append(pending.popleft())
-          live.append(self._admit(started[-1], free.pop(0)))
+          live.append(self._admit(started[-1]))
+        self._take(policy)
         self._device_step(live, futures, pool)
         for r in [r for r in live if r.phase == "done"]:
           live.remove(r)
-          free.append(r.slot)
+          self.device.release(r)
+          turns.stamp(r)
           if stop_admitting is not None and stop_admitting(r.traj):
             pending.clear()
     self.device.close()
     self._stats["not_started"] = len(rows) - len(started)
     self.metrics = turns.rollout_metrics(started, self._stats, t0)
     return [r.traj for r in sorted(started, key=lambda r: r.index)]
+
+  def _take(self, policy: PolicyFeed | None) -> None:
+    """The feed's policy into the device, when its version is new."""
+    if policy is None:
+      return
+    p = policy() if callable(policy) else policy
+    if p.version != self._version:
+      self.device.set_params(p.params)
+      self._stats["policy_swaps"] += self._version is not None
+      self._version = p.version
 
   def _check_prompt(self, row: turns.Row) -> None:
     n = len(row.traj.prompt_ids)
@@ -117,8 +171,8 @@ class RolloutEngine(turns.Schedule):
                        f"KV cache holds {self.device.limit} "
                        "(SamplerConfig.max_cache_len)")
 
-  def _admit(self, row: turns.Row, slot: int) -> turns.Row:
-    row.slot, row.phase, row.start_s = slot, "prefill", time.perf_counter()
+  def _admit(self, row: turns.Row) -> turns.Row:
+    row.phase, row.start_s = "prefill", time.perf_counter()
     self._start_turn(row, 0)
     return row
 
@@ -130,9 +184,12 @@ class RolloutEngine(turns.Schedule):
     """Prefills and appends the arrived rows, then one decode chunk of
     the ready ones (or waits for a tool when none is ready)."""
     t1 = time.perf_counter()
+    moved = False
     for phase, fresh in (("prefill", True), ("append", False)):
-      group = [r for r in live if r.phase == phase]
+      group = self._fit([r for r in live if r.phase == phase],
+                        lambda r: len(r.obs), live)
       if group:
+        moved = True
         self.device.append(group, fresh)
         for r in group:
           turns.appended(r, fresh)
@@ -140,15 +197,48 @@ class RolloutEngine(turns.Schedule):
             self._start_turn(r, r.turn_no + 1)
     t2 = time.perf_counter()
     self._stats["append_s"] += t2 - t1
-    ready = [r for r in live if r.phase == "decode"]
+    ready = self._fit(
+        self.device.select([r for r in live if r.phase == "decode"]),
+        self._chunk_tokens, live)
     if ready:
       # Decode goes on while calls run: the chunks beside them.
       self._stats["decode_chunks_beside_tools"] += bool(futures)
-      for row in self._decode(self.device.select(ready)):
+      for row in self._decode(ready):
         futures[pool.submit(self._call, row.call)] = row
       self._stats["decode_s"] += time.perf_counter() - t2
     elif futures:
       self._collect(futures, block=True)
+    elif not moved and live:
+      raise RuntimeError("no row could advance: the page pool holds less "
+                         "than its oldest row needs")
+
+  # -- pages --
+
+  def _chunk_tokens(self, row: turns.Row) -> int:
+    return max(0, min(self.engine.chunk_steps, row.budget,
+                      self.device.limit - row.length))
+
+  def _fit(self, rows, more, live) -> list[turns.Row]:
+    """The rows (of one program call) the pool holds with `more(row)` more
+    tokens each, served oldest first; a row short of pages preempts the
+    youngest rows younger than itself (its cache to be recomputed from its
+    tokens), and waits when none is left."""
+    kept = set()
+    for r in sorted(rows, key=lambda r: r.index):
+      while not self.device.reserve([r], [more(r)]):
+        young = [v for v in live if v.index > r.index and id(v) not in kept
+                 and v.seat is not None and v.index not in self._preempted]
+        if not young:
+          break
+        victim = max(young, key=lambda v: v.index)
+        self.device.preempt(victim)
+        self._preempted.add(victim.index)
+        self._stats["preempted"] += 1
+        self._stats["recomputed_tokens"] += victim.length
+      else:
+        kept.add(id(r))
+        self._preempted.discard(r.index)
+    return [r for r in rows if id(r) in kept]
 
   # -- tools --
 
@@ -187,7 +277,7 @@ class RolloutEngine(turns.Schedule):
     """One chunk of decode steps; returns the rows that now call a tool."""
     todo = []
     for r in rows:
-      if self.device.limit - r.length <= 0:  # No slot left for a token.
+      if self.device.limit - r.length <= 0:  # No room left for a token.
         self._end_stretch(r, "cache_full")
       else:
         todo.append(r)
@@ -197,6 +287,8 @@ class RolloutEngine(turns.Schedule):
       self._stats["slot_steps"] += slot_steps
       self._stats["decode_chunks"] += 1
       for r, (tokens, lps, why) in zip(todo, out):
+        if self._version is not None:
+          turns.sampled_with(r, self._version)
         why = turns.take_decoded(r, tokens, lps, why, self.device.limit)
         if why is not None:
           self._end_stretch(r, why)

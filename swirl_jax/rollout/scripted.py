@@ -10,6 +10,8 @@ exactly; demonstrations of synthetic tasks are recorded with it too.
 import collections
 from typing import Callable
 
+from swirl_jax.sampling.device import Seat
+
 
 class ScriptedSampler:
   """Row i of a rollout (its i-th pair) replays `script(i, k)` as its k-th
@@ -21,6 +23,10 @@ class ScriptedSampler:
                limit: int = 2 ** 31 - 1):
     self.tokenizer, self.script, self.limit = tokenizer, script, limit
     self.extended: list[list[list[int]]] = []  # Observations, per append.
+
+  def local_params(self, params):
+    """`params` as given: a script decodes with none."""
+    return params
 
   def device(self, decode_batch: int, chunk_steps: int,
              append_tokens: int = 64) -> "ScriptedDevice":
@@ -52,22 +58,48 @@ class ScriptedDevice:
     self.sampler, self.decode_batch = sampler, decode_batch
     self.limit = sampler.limit
     self.shapes = collections.Counter()  # No programs.
+    self._free = 0  # Seats left.
     self._turns: dict[int, int] = {}
     self._texts: dict[int, str] = {}
+    self.params = None
 
-  def open(self, num_rows: int, max_slots: int) -> int:
+  def open(self, num_rows: int, max_rows: int, pages: int = 0) -> int:
+    del pages  # No cache: a seat is all a row takes.
     self._turns, self._texts = {}, {}
-    return min(num_rows, max_slots)
+    self._free = min(num_rows, max_rows)
+    return self._free
 
   def close(self) -> None:
     pass
 
+  def set_params(self, params) -> None:
+    self.params = params  # A script reads none; tests read them here.
+
   def precompile(self, stop_strings) -> None:
     del stop_strings  # No programs.
 
-  def lowerable(self, slots: int, stop_strings) -> dict:
-    del slots, stop_strings
+  def lowerable(self, rows: int, stop_strings, pages: int = 0) -> dict:
+    del rows, stop_strings, pages
     return {}
+
+  def reserve(self, rows, more) -> bool:
+    """A seat for each row without one (as many as `open` gave), no
+    pages."""
+    del more
+    new = [r for r in rows if r.seat is None]
+    if len(new) > self._free:
+      return False
+    self._free -= len(new)
+    for r in new:
+      r.seat = Seat()
+    return True
+
+  def preempt(self, row) -> None:
+    del row  # Nothing to free: a scripted row holds no pages.
+
+  def release(self, row) -> None:
+    if row.seat is not None:
+      row.seat, self._free = None, self._free + 1
 
   def select(self, ready: list) -> list:
     return ready[:self.decode_batch]

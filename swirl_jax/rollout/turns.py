@@ -27,7 +27,7 @@ import numpy as np
 from swirl_jax import config_lib, distributed
 from swirl_jax.rollout import prompts
 from swirl_jax.rollout.records import Trajectory, Turn
-from swirl_jax.sampling.device import Draw
+from swirl_jax.sampling.device import Draw, Seat
 from swirl_jax.tasks.records import Task
 from swirl_jax.tools import parsing
 from swirl_jax.tools.registry import BatchTool
@@ -82,7 +82,7 @@ class Row:
   """One trajectory in flight (a `device.Row`)."""
   traj: Trajectory
   index: int = 0  # Position in the rollout's pairs.
-  slot: int = -1  # Its cache row.
+  seat: Seat | None = None  # Its place on the device (the device's).
   phase: str = "pending"  # prefill | decode | tool | append | done
   done: bool = False
   turn: Turn | None = None  # The turn being sampled.
@@ -91,12 +91,14 @@ class Row:
   seg_tokens: list = dataclasses.field(default_factory=list)
   seg_lps: list = dataclasses.field(default_factory=list)
   budget: int = 0  # New tokens left in this turn.
-  length: int = 0  # Tokens of context in the cache.
+  length: int = 0  # Tokens of context it holds.
   response_tokens: int = 0
   obs: list[int] | None = None  # Ids to append next (the prompt first).
   call: tuple | None = None  # (tool, argument, final) being run.
   start_s: float = 0.0
   end_s: float | None = None  # When the row finished (wall clock).
+  # Turn index -> the oldest policy version that sampled its tokens.
+  versions: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def new_rows(pairs: Sequence[tuple[Task, int]], tokenizer,
@@ -126,6 +128,27 @@ def draw(row: Row, c: RolloutConfig) -> Draw:
   token's position it fixes the draw, whatever else is decoded."""
   return Draw(distributed.mix_seed(c.seed, row.traj.id, row.turn_no,
                                    row.seg), c.temperature, c.top_k, c.top_p)
+
+
+def sampled_with(row: Row, version: int) -> None:
+  """Policy `version` sampled tokens of the row's current turn (the one
+  `record_turn` appends next)."""
+  turn = len(row.traj.turns)
+  row.versions[turn] = min(row.versions.get(turn, version), version)
+
+
+def stamp(row: Row) -> None:
+  """The trajectory's `meta['policy_version']`: the oldest policy version
+  that sampled any of its tokens; where its turns differ (a swap fell
+  inside it), `meta['turn_versions']` too: each turn's oldest (None for a
+  turn with no sampled token). Rows sampled without versions get none."""
+  if not row.versions:
+    return
+  meta = row.traj.meta
+  meta["policy_version"] = min(row.versions.values())
+  if len(set(row.versions.values())) > 1:
+    meta["turn_versions"] = [row.versions.get(i)
+                             for i in range(len(row.traj.turns))]
 
 
 def appended(row: Row, fresh: bool) -> None:
@@ -242,11 +265,24 @@ class Schedule(abc.ABC):
 
   def __init__(self, tokenizer, tools: dict[str, BatchTool],
                config: RolloutConfig):
-    self.tokenizer, self.config = tokenizer, config
+    self.tokenizer, self._config = tokenizer, None
+    self.config = config
     self.toolset = ToolSet(tools)
-    self.stops = tuple(parsing.stop_strings(config.fmt))
-    self.observe = observer(tokenizer, config.fmt)
     self.metrics: dict[str, float] = {}  # Of the last rollout.
+
+  @property
+  def config(self) -> RolloutConfig:
+    return self._config
+
+  @config.setter
+  def config(self, config: RolloutConfig) -> None:
+    """A config of another format brings its stop strings and
+    observation frame with it (one of the same format, e.g. another
+    seed, keeps them, as a caller may have set them)."""
+    if self._config is None or config.fmt != self._config.fmt:
+      self.stops = tuple(parsing.stop_strings(config.fmt))
+      self.observe = observer(self.tokenizer, config.fmt)
+    self._config = config
 
   def turn_budget(self, traj: Trajectory, turn_no: int) -> int:
     """New tokens allowed in turn `turn_no` of `traj`."""
@@ -289,10 +325,13 @@ def response_stats(trajectories: Sequence[Trajectory],
                    fmt: str | None = None) -> dict[str, float]:
   """Turns per trajectory, lengths, and the shares of trajectories with a
   void turn (`void_rate`: a turn that parses as void in `fmt`, default
-  each trajectory's own), cut by the turn cap, or overlong."""
+  each trajectory's own), cut by the turn cap, or overlong, that call a
+  tool (`tool_use_rate`), and that call one and end right
+  (`tool_solved_rate`, once scored)."""
   n = max(1, len(trajectories))
   lengths = [sum(len(t.action_ids) for t in tr.turns) for tr in trajectories]
   share = lambda f: sum(bool(f(t)) for t in trajectories) / n
+  uses_tool = lambda tr: any(t.tool is not None for t in tr.turns)
   void = lambda tr: any(parsing.is_void(t.text, fmt or tr.meta["fmt"])
                         for t in tr.turns)
   return {
@@ -301,4 +340,6 @@ def response_stats(trajectories: Sequence[Trajectory],
       "turn_cap_rate": share(lambda t: t.meta.get("turn_cap")),
       "overlong_rate": share(lambda t: t.meta.get("overlong")),
       "response_len": float(np.mean(lengths or [0])),
+      "tool_use_rate": share(uses_tool),
+      "tool_solved_rate": share(lambda t: t.outcome and uses_tool(t)),
   }

@@ -1,4 +1,4 @@
-"""Extend and decode: pure functions of (params, cache, ...).
+"""Extend and decode: pure functions of (params, page pool, rows, ...).
 
 The cache holds every token of every row's context, the sampled ones too:
 each decode step samples a token from the logits it carries and writes that
@@ -6,11 +6,12 @@ token at once, carrying the logits for the next one. So when a row stops,
 the cache ends exactly at its last returned token, and the logits of what
 would follow are at hand for `extend` or a further `decode`.
 
-Positions are read from the cache itself (a row's next position is one past
-its last valid slot), so continuing is only (cache, logits); rows never see
-another row's padding because padded slots stay invalid.
+The cache is a pool of pages (models/paged.py); the host says where each
+row's tokens are and how many it holds (`paged.Rows`), so continuing a row
+is only (its pages, its logits). A row's slot s holds its position s: rows
+never see another row's tokens, nor padding.
 
-`slots.py` jits them over rows of its slot cache.
+`pages.py` jits them over the rows of its page pool.
 """
 
 from typing import NamedTuple
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from swirl_jax import sharding as shd
-from swirl_jax.models import decoder
+from swirl_jax.models import attention, decoder, paged
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.sampling import distribution
 from swirl_jax.sharding import constrain
@@ -46,7 +47,7 @@ class StopSpec(NamedTuple):
 
 
 class DecodeOut(NamedTuple):
-  cache: decoder.Cache
+  cache: paged.Cache  # The pool, with the chunk's tokens in their pages.
   logits_BV: jax.Array  # For the token after each row's last one.
   stop_state_B: jax.Array  # Matcher states, to resume a row mid-string.
   tokens_BN: jax.Array  # Row b's k-th new token at [b, k].
@@ -55,39 +56,24 @@ class DecodeOut(NamedTuple):
   reason_B: jax.Array  # REASONS codes; NONE for rows not sampled.
 
 
-def next_positions(cache: decoder.Cache) -> jax.Array:
-  """[B] position of each row's next token: one past its last valid slot."""
-  last = jnp.max(jnp.where(cache["valid"], cache["pos"], -1), axis=1)
-  return (last + 1).astype(jnp.int32)
-
-
-def constrain_cache(cache: decoder.Cache) -> decoder.Cache:
-  """Rows over the batch mesh axes (a no-op outside `sharding.use_mesh`)."""
-  each = lambda xs, axes: tuple(constrain(x, axes) for x in xs)
-  return dict(cache,
-              k=each(cache["k"], ("batch", "act_kv_heads", None,
-                                  "cache_length")),
-              v=each(cache["v"], ("batch", "act_kv_heads", "cache_length",
-                                  None)),
-              pos=constrain(cache["pos"], ("batch", "cache_length")),
-              valid=constrain(cache["valid"], ("batch", "cache_length")))
-
-
 def _logits_at(params, cfg: ModelConfig, h_BD):
   return decoder.unembed_with(decoder.unembed_params(params, cfg), cfg, h_BD)
 
 
-def extend(params, cfg: ModelConfig, cache: decoder.Cache, tokens_BT,
-           mask_BT, logits_BV=None):
+def extend(params, cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
+           tokens_BT, mask_BT, logits_BV=None):
   """Appends tokens (a tool observation, a prompt) to the rows' contexts.
 
-  Earlier context is read from the cache, never recomputed. Rows may add
-  different numbers of tokens, padded on either side (mask_BT False);
-  positions continue from each row's last real one.
+  Earlier context is read from the pages, never recomputed. Rows may add
+  different numbers of tokens, right-padded (mask_BT False); positions
+  continue from each row's last one.
 
   Args:
     params, cfg: the model.
-    cache: written at slots index .. index + T for every row.
+    cache: the page pool; the new tokens are written at slots
+      start .. start + T of each row.
+    rows: each row's pages and tokens held (its table with room for T
+      new tokens: `paged.Rows`).
     tokens_BT: int token ids.
     mask_BT: True on real tokens.
     logits_BV: the rows' current next-token logits; rows that add no token
@@ -98,24 +84,25 @@ def extend(params, cfg: ModelConfig, cache: decoder.Cache, tokens_BT,
   """
   mask_BT = mask_BT.astype(bool)
   T = tokens_BT.shape[1]
-  start_B = next_positions(cache)
-  pos_BT = start_B[:, None] + jnp.cumsum(mask_BT.astype(jnp.int32), 1) - 1
-  pos_BT = jnp.maximum(pos_BT, 0)
-  h_BTD, cache = decoder.hidden_states(params, cfg, tokens_BT, pos_BT,
-                                       mask_BT, cache)
+  h_BTD, cache = decoder.hidden_states(params, cfg, tokens_BT, None, mask_BT,
+                                       cache, rows)
   # Only the last real token of each row needs logits: [B, V], not [B, T, V].
   last_B = T - 1 - jnp.argmax(mask_BT[:, ::-1], axis=1)
   h_BD = jnp.take_along_axis(h_BTD, last_B[:, None, None], axis=1)[:, 0]
   logits = _logits_at(params, cfg, h_BD)
   if logits_BV is not None:
     logits = jnp.where(jnp.any(mask_BT, 1)[:, None], logits, logits_BV)
-  return constrain_cache(cache), logits
+  return cache, logits
 
 
-def _step(params, cfg: ModelConfig, sp: SamplingParams, stop: StopSpec,
-          carry):
-  """Sample one token per active row, then write it into the cache."""
-  (step, cache, logits_BV, pos_B, active_B, state_B, tokens_BN, lps_BN,
+def decode_step(params, cfg: ModelConfig, sp: SamplingParams,
+                stop: StopSpec, model, carry):
+  """One step of `decode`'s loop: samples one token per active row, then
+  writes it into the cache: `model(tok_B, pos_B, active_B, step, kv) ->
+  (h_BD, kv)` (`chunk_model`, `pages_model`). `carry` = (step, kv,
+  logits_BV, pos_B, active_B, stop states, tokens_BN, logprobs_BN, num_B,
+  reason_B)."""
+  (step, kv, logits_BV, pos_B, active_B, state_B, tokens_BN, lps_BN,
    num_B, reason_B) = carry
   keys_B = jax.vmap(jax.random.fold_in)(sp.keys_B, pos_B)
   tok_B, lp_B = distribution.sample_tokens(
@@ -134,58 +121,156 @@ def _step(params, cfg: ModelConfig, sp: SamplingParams, stop: StopSpec,
       tokens_BN, jnp.where(active_B, tok_B, 0)[:, None], (zeros, step))
   lps_BN = jax.lax.dynamic_update_slice(
       lps_BN, jnp.where(active_B, lp_B, 0.0)[:, None], (zeros, step))
-  h_B1D, cache = decoder.hidden_states(params, cfg, tok_B[:, None],
-                                       pos_B[:, None], active_B[:, None],
-                                       cache)
-  new_BV = _logits_at(params, cfg, h_B1D[:, 0])
+  h_BD, kv = model(tok_B, pos_B, active_B, step, kv)
+  new_BV = _logits_at(params, cfg, h_BD)
   logits_BV = jnp.where(active_B[:, None], new_BV, logits_BV)
-  return (step + 1, cache, logits_BV, pos_B + active_B, active_B & ~done_B,
+  return (step + 1, kv, logits_BV, pos_B + active_B, active_B & ~done_B,
           state_B, tokens_BN, lps_BN, num_B, jnp.where(done_B, why_B,
                                                        reason_B))
 
 
-def decode(params, cfg: ModelConfig, cache: decoder.Cache, logits_BV,
-           active_B, stop_state_B, sp: SamplingParams, stop: StopSpec,
-           max_steps: int) -> DecodeOut:
+def chunk_views(cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
+                steps: int) -> tuple:
+  """The xla path's views, a layer each, gathered once for a chunk of
+  `steps` steps: keys [B, K, H, S + steps] and values [B, K, S + steps,
+  H], the rows' S prefix slots and then room for the chunk's tokens."""
+  page = paged.page_size(cache)
+  n = paged.prefix_pages(rows, steps, page)
+  dt = jnp.dtype(cfg.dtype)
+  B, K, H = rows.start_B.shape[0], cfg.num_kv_heads, cfg.head_dim
+  room = jnp.zeros((B, steps, K, H), dt)
+  return tuple(paged.with_new(
+      paged.gather(k, v, rows.table_BN[:, :n], dt) if n else None, room,
+      room) for k, v in zip(cache["k"], cache["v"]))
+
+
+def chunk_model(params, cfg: ModelConfig, start_B, steps: int, pool_dtype):
+  """The xla path's decode step over the views it carries
+  (`chunk_views`): step i writes its keys and values at view slot
+  S + i, one slot for every row (`store_chunk` writes them to their pages
+  after the chunk), so a step reads the view once and writes no page.
+  New keys and values are rounded as the pool (`pool_dtype`) stores
+  them."""
+  stored = lambda x: x.astype(pool_dtype).astype(x.dtype)
+
+  def model(tok_B, pos_B, active_B, step, views):
+    del active_B  # A stopped row's later slots are never stored.
+    S_all = views[0][1].shape[2]
+    S = S_all - steps
+    masks = paged.view_masks(cfg, start_B, S, step[None], S_all)
+
+    def attend(i, q, k, v, sliding):
+      kv = jax.lax.dynamic_update_slice(
+          views[i][0], stored(k).transpose(0, 2, 3, 1), (0, 0, 0, S + step))
+      vv = jax.lax.dynamic_update_slice(
+          views[i][1], stored(v).transpose(0, 2, 1, 3), (0, 0, S + step, 0))
+      o = attention.attend(cfg, q, kv, vv, masks[int(sliding)],
+                           keys_last=True)
+      return o, (kv, vv)
+
+    h, views = decoder.cached_hidden_states(params, cfg, tok_B[:, None],
+                                            pos_B[:, None], attend)
+    return h[:, 0], tuple(views)
+  return model
+
+
+def store_chunk(cache: paged.Cache, rows: paged.Rows, views, num_B,
+                steps: int):
+  """The pool with each row's first `num_B` chunk tokens (the last
+  `steps` slots of `chunk_model`'s views) written to their pages."""
+  mask_BC = jnp.arange(steps, dtype=jnp.int32)[None] < num_B[:, None]
+  new_k = lambda kv: kv[:, :, :, -steps:].transpose(0, 3, 1, 2)
+  new_v = lambda vv: vv[:, :, -steps:].transpose(0, 2, 1, 3)
+  pools = [paged.write(kp, vp, rows, new_k(kv), new_v(vv), mask_BC)
+           for kp, vp, (kv, vv) in zip(cache["k"], cache["v"], views)]
+  return paged.constrain_pool(dict(k=tuple(k for k, _ in pools),
+                                   v=tuple(v for _, v in pools)))
+
+
+def pages_model(params, cfg: ModelConfig, rows: paged.Rows, impl: str):
+  """The decode step of the paths that read the pages each step
+  ('xla_pages', 'pallas'): it writes its token into its page, then reads
+  the rows' pages through their tables."""
+  dt = jnp.dtype(cfg.dtype)
+  S = rows.table_BN.shape[1]
+
+  def model(tok_B, pos_B, active_B, step, cache):
+    del step
+    at = paged.Rows(rows.table_BN, pos_B)  # A row's next slot: its position.
+    if impl != "pallas":
+      # The view is the whole table, the new token already in it at slot
+      # pos: a prefix of pos + 1 tokens, the query one slot before its end.
+      S_all = S * paged.page_size(cache)
+      masks = paged.view_masks(cfg, pos_B + 1, S_all,
+                               jnp.full(1, -1, jnp.int32), S_all)
+
+    def attend(i, q, k, v, sliding):
+      kp, vp = paged.write(cache["k"][i], cache["v"][i], at, k, v,
+                           active_B[:, None])
+      if impl == "pallas":
+        return paged.attend_pages(cfg, q, kp, vp, rows.table_BN,
+                                  pos_B + 1), (kp, vp)
+      kv, vv = paged.gather(kp, vp, rows.table_BN, dt)
+      return attention.attend(cfg, q, kv, vv, masks[int(sliding)],
+                              keys_last=True), (kp, vp)
+
+    h, pools = decoder.cached_hidden_states(params, cfg, tok_B[:, None],
+                                            pos_B[:, None], attend)
+    return h[:, 0], paged.constrain_pool(dict(k=tuple(k for k, _ in pools),
+                                              v=tuple(v for _, v in pools)))
+  return model
+
+
+def decode(params, cfg: ModelConfig, cache: paged.Cache, rows: paged.Rows,
+           logits_BV, active_B, stop_state_B, sp: SamplingParams,
+           stop: StopSpec, max_steps: int) -> DecodeOut:
   """Samples until every active row stops; one `lax.while_loop` on device.
 
-  A row stops on an EOS id, on completing a stop string, after
-  `stop.max_new_B` tokens (at most `max_steps`, the static buffer size), or
-  when the cache has no free slot left ('cache_full'). Inactive rows are
-  left untouched: no token, no valid slot, same logits.
+  A row stops on an EOS id, on completing a stop string or after
+  `stop.max_new_B` tokens (at most `max_steps`, the static buffer size);
+  the caller gives it room for them (pages, and a table with room for
+  `max_steps` new tokens). Inactive rows are left untouched: no token, no
+  page written, same logits.
 
   Args:
     params, cfg: the model.
-    cache, logits_BV: from `prefill` / `extend` / an earlier `decode`.
+    cache, rows, logits_BV: the pool, where each row's tokens are, and the
+      rows' logits from `extend` / an earlier `decode`.
     active_B: bool, rows to sample.
     stop_state_B: int32 stop-string matcher states (0: fresh).
     sp: sampling settings.
     stop: stop conditions.
     max_steps: static; the size of the returned token buffers.
   """
-  B, S = cache["valid"].shape
+  B = logits_BV.shape[0]
   max_new_B = jnp.minimum(stop.max_new_B, max_steps)
   stop = stop._replace(max_new_B=max_new_B)
   reason_B = jnp.where(active_B & (max_new_B <= 0), LENGTH, NONE)
   active_B = active_B & (max_new_B > 0)
-  carry = (jnp.zeros((), jnp.int32), cache, logits_BV, next_positions(cache),
-           active_B, stop_state_B.astype(jnp.int32),
+  impl = paged.resolve(cfg)
+  chunked = impl == "xla"
+  if chunked:
+    kv = chunk_views(cfg, cache, rows, max_steps)
+    model = chunk_model(params, cfg, rows.start_B, max_steps,
+                        cache["k"][0].dtype)
+  else:
+    kv, model = cache, pages_model(params, cfg, rows, impl)
+  carry = (jnp.zeros((), jnp.int32), kv, logits_BV, rows.start_B, active_B,
+           stop_state_B.astype(jnp.int32),
            jnp.zeros((B, max_steps), jnp.int32),
            jnp.zeros((B, max_steps), jnp.float32),
            jnp.zeros((B,), jnp.int32), reason_B.astype(jnp.int32))
 
   def cond(c):
-    step, cache, active_B = c[0], c[1], c[4]
-    # A per-row index ([B]) must leave every row room for the next token.
-    return (step < max_steps) & jnp.any(active_B) & (
-        jnp.max(cache["index"]) < S)
+    step, active_B = c[0], c[4]
+    return (step < max_steps) & jnp.any(active_B)
 
-  body = lambda c: _step(params, cfg, sp, stop, c)
-  (_, cache, logits_BV, _, active_B, state_B, tokens_BN, lps_BN, num_B,
+  body = lambda c: decode_step(params, cfg, sp, stop, model, c)
+  (_, kv, logits_BV, _, _, state_B, tokens_BN, lps_BN, num_B,
    reason_B) = jax.lax.while_loop(cond, body, carry)
-  reason_B = jnp.where(active_B, CACHE_FULL, reason_B)
-  return DecodeOut(constrain_cache(cache), logits_BV, state_B, tokens_BN,
-                   lps_BN, num_B, reason_B)
+  cache = store_chunk(cache, rows, kv, num_B, max_steps) if chunked else kv
+  return DecodeOut(cache, logits_BV, state_B, tokens_BN, lps_BN, num_B,
+                   reason_B)
 
 
 def decode_rules(rules):

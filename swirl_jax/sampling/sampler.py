@@ -1,17 +1,17 @@
-"""`Sampler`: batched generation from token ids, on the slot cache.
+"""`Sampler`: batched generation from token ids, on the page pool.
 
 `generate` samples one stretch for every prompt until each stops (an EOS,
 a stop string, its token budget or a full cache): it prefills the prompts
-into the rows of a slot cache (`slots.py`) sized for the call, decodes
-them together and reads the tokens, log-probs and texts back. The rollout
+into a page pool (`pages.py`) sized for the call, decodes them together
+and reads the tokens, log-probs and texts back. The rollout
 engine runs the same cache and programs, trajectory by trajectory, on the
 device `Sampler.device` gives it; the Sampler also holds what both need of
 the model: its params on the decode mesh, EOS ids, stop tables and the
 detokeniser.
 
 Sizes are bucketed so a run compiles few programs: rows, prompt pieces,
-the cache prefix a program reads and the decode steps are each rounded up
-to a bucket from `SamplerConfig`.
+the prefix of its rows' pages a program reads and the decode steps are
+each rounded up to a bucket from `SamplerConfig`.
 """
 
 import dataclasses
@@ -26,8 +26,8 @@ from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, loading
 from swirl_jax.models.config import ModelConfig
-from swirl_jax.sampling import decoding, slots, stops
-from swirl_jax.sampling.device import Draw, SlotRow
+from swirl_jax.sampling import decoding, pages, stops
+from swirl_jax.sampling.device import Draw, PlainRow
 from swirl_jax.shapes import bucket
 
 _POW2 = tuple(2 ** i for i in range(21))
@@ -36,15 +36,18 @@ _POW2 = tuple(2 ** i for i in range(21))
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig(config_lib.FromConfig):
   """Sizes and defaults; `from_config` reads a config block of these keys."""
-  max_cache_len: int = 4096  # Slots per row, padding included.
+  max_cache_len: int = 4096  # Context tokens a row holds at most.
   cache_dtype: str | None = None  # None: the model's activation dtype.
+  # Slots of a KV-cache page (models/paged.py): a row takes pages as it
+  # grows. Each cache bucket is a multiple of it.
+  page_size: int = 64
   batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
   # Prompt and observation lengths (padding costs slots: keep them fine).
   length_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 384, 512, 768,
                                      1024, 1536, 2048, 3072, 4096)
-  # The cache grows through these as a context gets longer; attention reads
-  # the whole cache every step, so a short context keeps a short cache
-  # (steps of 1.5x: at most a third of the slots idle).
+  # A program reads its rows' pages up to the first of these past their
+  # longest context, so a short context reads little (steps of 1.5x: at
+  # most a third of the slots read idle).
   cache_buckets: tuple[int, ...] = (256, 384, 512, 768, 1024, 1536, 2048,
                                     3072, 4096, 6144, 8192, 12288, 16384,
                                     24576, 32768)
@@ -64,6 +67,13 @@ class SamplerConfig(config_lib.FromConfig):
   # Rows of one `generate` call where a job samples many prompts at once
   # (SWiRL stage 2 goes in calls of at most this many); 0: all at once.
   max_rows: int = 0
+
+  def __post_init__(self):
+    bad = [b for b in self.cache_buckets if b % self.page_size]
+    if self.page_size < 1 or bad:
+      raise config_lib.ConfigError(
+          f"sampler.page_size={self.page_size} must divide every cache "
+          f"bucket; {bad} are not multiples of it")
 
 
 @dataclasses.dataclass
@@ -107,7 +117,7 @@ def eos_buffer(ids) -> np.ndarray:
 
 
 class Sampler:
-  """Holds the model, tokenizer and config; generates on the slot cache.
+  """Holds the model, tokenizer and config; generates on the page pool.
 
   Args:
     params: the model's params (any layout; None: set later).
@@ -147,22 +157,29 @@ class Sampler:
 
   @params.setter
   def params(self, params):
-    """Takes params in any layout, this host's or sharded over every host
-    (the trainer's): this host's copy, laid out for its decode mesh,
-    device to device (`distributed.to_local`)."""
+    """Takes params in any layout (`local_params`)."""
+    self._params = self.local_params(params)
+
+  def local_params(self, params):
+    """`params` as this sampler decodes with them: from any layout, this
+    host's or sharded over every host (the trainer's), this host's copy
+    laid out for its decode mesh, device to device
+    (`distributed.to_local`), layers split. Global params make it a
+    collective (every host calls it, in the same order); this host's own
+    (a result of this method) never cross hosts."""
     if self.mesh is not None or jax.process_count() > 1:
       mesh = self.mesh or shd.make_mesh([("one", 1)],
                                         jax.local_devices()[:1])
       params = distributed.to_local(params, decoding.param_shardings(
           self.cfg, mesh, self.rules,
           split=isinstance(params["layers"], (tuple, list))))
-    self._params = _split_layers(params)
+    return _split_layers(params)
 
   def device(self, decode_batch: int, chunk_steps: int,
              append_tokens: int = 64, limit: int = 0):
-    """A `device.Device` on this model: `slots.make`'s (rows of a slot
-    cache of `limit` tokens each, default `max_cache_len`)."""
-    return slots.make(self, decode_batch, chunk_steps, append_tokens, limit)
+    """A `device.Device` on this model: `pages.make`'s (a page pool, rows
+    of at most `limit` tokens, default `max_cache_len`)."""
+    return pages.make(self, decode_batch, chunk_steps, append_tokens, limit)
 
   # -- token bytes, stop strings, texts --
 
@@ -241,7 +258,7 @@ class Sampler:
             f"prompt {i} has {len(p)} tokens; the KV cache holds "
             f"{c.max_cache_len} (SamplerConfig.max_cache_len)")
     max_new = _per_row(max_new_tokens, n, "max_new_tokens", np.int32)
-    rows = [SlotRow(i, list(p), int(m))
+    rows = [PlainRow(i, list(p), int(m))
             for i, (p, m) in enumerate(zip(prompts, max_new))]
     limit = min(bucket(max(len(r.obs) + r.budget for r in rows),
                        c.cache_buckets), c.max_cache_len)

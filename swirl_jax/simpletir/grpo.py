@@ -3,26 +3,27 @@
 Pure host code over trajectories, so every rule is unit-testable: GRPO
 advantages over each prompt's G samples, void trajectories (and overlong
 ones) kept in the group statistics but out of the loss, groups with zero
-reward variance or mean accuracy outside the band dropped.
+reward variance or mean accuracy outside the band dropped, and rows
+sampled by a policy more than `staleness` versions old dropped.
 
-On many hosts each host passes its own block of the iteration's rows
-(`distributed.host_block`, equal blocks) and keeps them: group statistics
-take every host's rewards and flags (small arrays, `distributed.gather`),
-stats are each host's as one (`distributed.mean_over_hosts`) and
-`make_batch` builds the global batch from each host's rows. These are
-collectives then: every host calls them, in the same order.
+Every host keeps the trajectories it rolled out (any count each). What
+the rules and statistics need of them is a few numbers a row (`Rows`:
+reward, flags, lengths, counts), which one exchange gives every host
+(`figures`, a collective: every host calls it, in the same order); from
+there every host computes the same advantages and statistics, equal to
+one process holding every row, and `make_batch` builds the global batch
+from each host's own rows.
 """
 
 import dataclasses
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from swirl_jax import config_lib, distributed
 from swirl_jax.ops import advantages as adv_lib
-from swirl_jax.rollout import batching, turns
+from swirl_jax.rollout import batching
 from swirl_jax.rollout.records import Trajectory
-from swirl_jax.simpletir import oversample
 from swirl_jax.simpletir import void as void_lib
 
 
@@ -41,27 +42,80 @@ class GroupConfig:
     return g if g.accuracy_band else dataclasses.replace(g, accuracy_band=None)
 
 
-def _flags(trajs: Sequence[Trajectory], g: GroupConfig):
-  """(rewards, rows in the loss, void flags) of every host's rows, and
-  the slice of them that is this host's `trajs`."""
+# A row's figures, in `Rows.table` column order. `version`: the oldest
+# policy version that sampled it (-1: not stamped); `lp_*`: count, count
+# below log(void.LOW_P) and min of its recorded action log-probs.
+FIELDS = ("reward", "in_loss", "void", "overlong", "turn_cap", "turns",
+          "response_len", "tool_calls", "lp_n", "lp_low", "lp_min",
+          "version")
+
+
+class Rows(NamedTuple):
+  """Every host's rows of an iteration (end to end by host, in draw
+  order) as `table` [N, len(FIELDS)] float64, and `mine`, the slice of
+  them that is this host's trajectories, in order."""
+  table: np.ndarray
+  mine: slice
+
+  def col(self, name: str) -> np.ndarray:
+    return self.table[:, FIELDS.index(name)]
+
+  @property
+  def rewards(self) -> np.ndarray:
+    return self.col("reward").astype(np.float32)  # Exact: float32 went in.
+
+  def subset(self, keep: np.ndarray) -> "Rows":
+    """The rows flagged in `keep` [N] (this host's: those of its own)."""
+    start = int(keep[:self.mine.start].sum())
+    return Rows(self.table[keep],
+                slice(start, start + int(keep[self.mine].sum())))
+
+
+def _row(t: Trajectory, in_loss: bool, void: bool) -> list[float]:
+  lp = np.concatenate([np.asarray(x.action_logprobs, np.float64)
+                       for x in t.turns if x.action_logprobs] or [[]])
+  return [t.reward or 0.0, in_loss, void, bool(t.meta.get("overlong")),
+          bool(t.meta.get("turn_cap")), len(t.turns),
+          sum(len(x.action_ids) for x in t.turns),
+          sum(x.tool is not None for x in t.turns), lp.size,
+          int(np.sum(lp < np.log(void_lib.LOW_P))),
+          lp.min() if lp.size else np.inf, t.meta.get("policy_version", -1)]
+
+
+def figures(trajs: Sequence[Trajectory], g: GroupConfig) -> Rows:
+  """Every host's rows' figures, from each host's own `trajs` (any
+  count): one exchange of a few numbers a row."""
   in_loss, void = void_lib.loss_rows(trajs, filter_void=g.filter_void,
                                      mask_overlong=g.mask_overlong)
-  rows = distributed.gather(dict(
-      reward=np.array([t.reward or 0.0 for t in trajs], np.float32),
-      in_loss=in_loss, void=void))
-  mine = distributed.host_block(len(rows["reward"]))
-  return rows["reward"], rows["in_loss"], rows["void"], mine
+  mine = np.array([_row(t, *f) for t, f in zip(trajs, zip(in_loss, void))],
+                  np.float64).reshape(-1, len(FIELDS))
+  return Rows(*distributed.gather_own_rows(mine))
 
 
-def select_rows(trajs: Sequence[Trajectory], g: GroupConfig,
-                want: int = 0):
-  """(this host's row indices in the loss, their advantages, stats dict of
-  every host's rows). With `want`, the passing groups after the first
-  `want` stay out of the loss (oversampling on several hosts, where every
-  drawn group runs and each host keeps its rows)."""
-  rewards, in_loss, void, mine = _flags(trajs, g)
-  if want:
-    in_loss = in_loss & ~oversample.surplus(rewards, g, want)
+def stale(rows: Rows, iteration: int, staleness: int) -> np.ndarray:
+  """Row flags: sampled by a policy more than `staleness` versions older
+  than the one iteration `iteration` updates (rows without a version:
+  never)."""
+  v = rows.col("version")
+  return (v >= 0) & (iteration - v > staleness)
+
+
+def select_rows(rows: Rows, g: GroupConfig, *, iteration: int = 0,
+                staleness: int | None = None):
+  """(this host's row indices in the loss, their advantages, stats of
+  every host's rows). With `staleness`, rows too old for iteration
+  `iteration` (`stale`) leave the loss, counted in `stale_rows`; they
+  keep their place in the group statistics, as void rows do."""
+  rewards = rows.rewards
+  in_loss = rows.col("in_loss") > 0
+  extra = {}
+  if staleness is not None:
+    old = stale(rows, iteration, staleness)
+    in_loss &= ~old
+    v = rows.col("version")
+    extra = {"stale_rows": float(old.sum()),
+             "policy_lag": float(np.mean(iteration - v[v >= 0]))
+                           if (v >= 0).any() else 0.0}
   adv = adv_lib.grpo_advantages(rewards, g.group_size, use_std=g.use_std,
                                 loss_row_mask_B=in_loss)
   keep = in_loss.copy()
@@ -70,28 +124,50 @@ def select_rows(trajs: Sequence[Trajectory], g: GroupConfig,
   if g.accuracy_band:
     lo, hi = g.accuracy_band
     keep &= adv_lib.accuracy_band_filter(rewards, g.group_size, lo=lo, hi=hi)
-  local = {**turns.response_stats(trajs, "simpletir"),
-           **void_lib.token_stats(trajs, void[mine]),
-           **void_lib.tool_stats(trajs)}
-  stats = {**distributed.mean_over_hosts(
-      local, mins=[k for k in local if k.startswith("min_")]),
+  stats = {**stats_of(rows), **extra,
            "reward": float(rewards.mean()),
            "rows_in_loss": float(keep.sum()),
            "groups_kept": float(len(set(np.flatnonzero(keep)
                                         // g.group_size)))}
-  rows = np.flatnonzero(keep[mine])
-  return rows, adv[mine][rows], stats
+  mine = np.flatnonzero(keep[rows.mine])
+  return mine, adv[rows.mine][mine], stats
 
 
-def void_rows(trajs: Sequence[Trajectory], g: GroupConfig):
+def stats_of(rows: Rows) -> dict[str, float]:
+  """The rollout statistics of every row: `turns.response_stats` (as
+  SimpleTIR parses void turns), `void.token_stats` and
+  `void.tool_stats`, from the figures."""
+  n = max(1, len(rows.table))
+  share = lambda name: float(np.sum(rows.col(name) > 0)) / n
+  turns = rows.col("turns")
+  out = {"turns": float(np.mean(turns)) if len(turns) else 0.0,
+         "void_rate": share("void"), "turn_cap_rate": share("turn_cap"),
+         "overlong_rate": share("overlong"),
+         "response_len": float(np.mean(rows.col("response_len")))
+                         if len(turns) else 0.0,
+         "tool_call_rate": float(rows.col("tool_calls").sum()) / max(
+             1.0, float(turns.sum())),
+         "tool_calls": float(rows.col("tool_calls").sum()) / n,
+         "single_turn_rate": float(np.sum(turns == 1)) / n}
+  void = rows.col("void") > 0
+  for name, side in (("void", void), ("nonvoid", ~void)):
+    count = float(rows.col("lp_n")[side].sum())
+    if count:
+      out[f"low_p_share_{name}"] = float(rows.col("lp_low")[side].sum()
+                                         ) / count
+      out[f"min_logp_{name}"] = float(rows.col("lp_min")[side].min())
+  return out
+
+
+def void_rows(rows: Rows, g: GroupConfig):
   """(this host's void row indices, their GRPO advantages): the rows the
   void filter takes out, with the advantages they would have had in the
   loss."""
-  rewards, _, void, mine = _flags(trajs, g)
   # Same group statistics (void rows always count in them), unmasked.
-  adv = adv_lib.grpo_advantages(rewards, g.group_size, use_std=g.use_std)
-  rows = np.flatnonzero(void[mine])
-  return rows, adv[mine][rows]
+  adv = adv_lib.grpo_advantages(rows.rewards, g.group_size,
+                                use_std=g.use_std)
+  mine = np.flatnonzero(rows.col("void")[rows.mine] > 0)
+  return mine, adv[rows.mine][mine]
 
 
 def make_batch(trajs: Sequence[Trajectory], rows, advantages, *,

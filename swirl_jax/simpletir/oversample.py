@@ -3,23 +3,28 @@ groups taken as they complete.
 
 An iteration draws ceil(prompts_per_step * oversample) prompts (SimpleTIR's
 `oversample_multiplier`) and runs their G samples each through the rollout
-engine. On one host each group (one prompt's G samples) is scored the
-moment its last sample ends; once `prompts_per_step` complete groups pass
-the group filters (nonzero reward variance, accuracy band), the engine
-starts no further pair, and groups cut short by the stop are not used. On
-several hosts every drawn group runs (stopping early would need the hosts
-to agree on each group as it ends). Either way an iteration trains on the
-first `prompts_per_step` passing groups in draw order, on any host count:
-one host drops the `surplus` groups from the iteration (`keep_passing`);
-several keep them out of the loss (`grpo.select_rows(want=)`), since each
-host holds only its own rows. The failing groups stay for the iteration's
-statistics; the filters drop them from the loss.
+engine. It keeps, in draw order, every group up to and including the
+`prompts_per_step`-th one that passes the group filters (nonzero reward
+variance, accuracy band): `kept_groups`, on every host count the same
+groups, which the iteration's statistics, rollouts file and loss all
+read. The failing groups among them stay for the statistics; the filters
+drop them from the loss.
+
+A host that runs every drawn pair (one host) scores each group (one
+prompt's G samples) the moment its last sample ends; once
+`prompts_per_step` complete groups pass, the engine starts no further
+pair, and groups cut short by the stop are not used. Admission is in draw
+order, so every group before the last one admitted whole completes: the
+kept groups are all there. Several hosts run every drawn group, each its
+block of the pairs (stopping early would need the hosts to agree on each
+group as it ends).
 """
 
 import math
 
 import numpy as np
 
+from swirl_jax import distributed
 from swirl_jax.ops import advantages as adv_lib
 from swirl_jax.tasks import checkers
 
@@ -66,23 +71,18 @@ def passes(rewards, group_size: int, groups_config) -> bool:
   return bool(keep.all())
 
 
-def surplus(rewards, groups_config, want: int) -> np.ndarray:
-  """Row flags of the passing groups after the first `want` (rows in
-  groups of G, in order): an iteration trains on `want` prompts."""
+def kept_groups(rewards, groups_config, want: int) -> np.ndarray:
+  """Row flags (rows in groups of G, in draw order): every group up to and
+  including the `want`-th that passes the filters (all of them when fewer
+  pass)."""
   G = groups_config.group_size
-  out, kept = np.zeros(len(rewards), bool), 0
+  keep, passed = np.zeros(len(rewards), bool), 0
   for i in range(0, len(rewards), G):
-    if passes(rewards[i:i + G], G, groups_config):
-      kept += 1
-      out[i:i + G] = kept > want
-  return out
-
-
-def keep_passing(trajs, groups_config, want: int):
-  """Scored complete groups (G rows each, in order) without the `surplus`
-  ones."""
-  drop = surplus([t.reward or 0.0 for t in trajs], groups_config, want)
-  return [t for t, d in zip(trajs, drop) if not d]
+    if passed >= want:
+      break
+    keep[i:i + G] = True
+    passed += passes(rewards[i:i + G], G, groups_config)
+  return keep
 
 
 def complete_groups(trajs, group_size: int):
@@ -94,13 +94,20 @@ def complete_groups(trajs, group_size: int):
   return [t for t in trajs if count[t.task_id] == group_size]
 
 
-def rollout(engine, batch_tasks, groups_config, want: int):
-  """The iteration's trajectories, G per prompt; with more prompts drawn
-  than `want`, the complete groups once `want` of them pass the filters."""
+def rollout(engine, batch_tasks, groups_config, want: int, policy=None):
+  """This host's trajectories of the iteration (its `host_block` of the
+  (task, sample) pairs, G per prompt, in order), each scored once by its
+  checker. A host that runs every pair, with more prompts drawn than
+  `want`, stops admitting once `want` complete groups pass the filters and
+  returns the complete groups. `policy`: `RolloutEngine.run_pairs`'s. No
+  exchange between hosts."""
   G = groups_config.group_size
-  if len(batch_tasks) <= want:
-    return engine.run(batch_tasks, samples_per_task=G)
+  pairs = [(t, k) for t in batch_tasks for k in range(G)]
+  mine = pairs[distributed.host_block(len(pairs))]
+  if len(mine) < len(pairs) or len(batch_tasks) <= want:
+    trajs = engine.run_pairs(mine, policy=policy)
+    checkers.score_trajectories(trajs, batch_tasks)
+    return trajs
   stop = BandGroups(batch_tasks, G, groups_config, want)
-  trajs = engine.run_pairs([(t, k) for t in batch_tasks for k in range(G)],
-                           stop_admitting=stop)
-  return complete_groups(trajs, G)
+  return complete_groups(
+      engine.run_pairs(mine, stop_admitting=stop, policy=policy), G)

@@ -44,7 +44,7 @@ def iterations(workdir) -> list[dict]:
     raise FileNotFoundError(f"{path}: not a SimpleTIR training workdir")
   by_iter = {}
   for m in read_jsonl(str(path)):
-    if "iteration" not in m:
+    if "iteration" not in m or "val_iteration" in m:  # Validations: apart.
       continue
     by_iter.setdefault(int(m["iteration"]), []).append(m)
   rows = []

@@ -5,15 +5,31 @@ Each iteration: sample prompts → G rollouts each through the rollout loop
 void flags → GRPO advantages (void rows keep their place in the group
 statistics, out of the loss) → group filters → overlong rows masked → the
 shared clipped-surrogate step over mini-batches of `mini_batch_prompts`
-× G rows (verl counts a mini-batch in prompts). The ratio's old log-probs
-are the trainer's, recomputed under the params that sampled before the
-update (`old_logprobs='trainer'`, SimpleTIR's code; 'sampler' takes the
+× G rows (verl counts a mini-batch in prompts). The iteration's stages are
+swirl_jax/simpletir/stages.py's. The ratio's old log-probs are the
+trainer's, recomputed under the params it updates before the update
+(`old_logprobs='trainer'`, SimpleTIR's code; 'sampler' takes the
 sampler's). Oversampling (`oversample`, swirl_jax/simpletir/oversample.py)
-draws more prompts than `prompts_per_step` and trains on at most that many
-passing groups. Every `validation.every` iterations (and before the first
-and after the last) the policy is validated (avg@k / pass@k into
-metrics.jsonl) and exported to <workdir>/hf; the training ends with that
-export too (`train.export_hf`), which job `simpletir_eval` evaluates.
+draws more prompts than `prompts_per_step` and keeps the groups up to the
+`prompts_per_step`-th that passes the filters. Every `validation.every`
+iterations (and before the first and after the last) the policy is
+validated (avg@k / pass@k into metrics.jsonl) and exported to
+<workdir>/hf; the training ends with that export too (`train.export_hf`),
+which job `simpletir_eval` evaluates.
+
+Bounded staleness (`staleness` k, swirl_jax/simpletir/pipeline.py): 0 is
+the synchronous loop (iteration i samples with the policy after i
+iterations, then trains). k >= 1 samples iteration i's rollouts with the
+policy after max(0, i - k) iterations, in a thread, while the trainer
+updates; which version samples which iteration is fixed in advance, so a
+run is as reproducible as the synchronous one. The ratio then needs the
+behaviour log-probs (the sampler's, of the version that sampled each
+token): `old_logprobs='sampler'` clips against them (off-policy PPO);
+'trainer' clips against the trainer's recomputed ones (the policy being
+updated, the proximal policy of AReaL's decoupled loss) and weights each
+token by TIS's truncated behaviour ratio min(pi_trainer / pi_sampler,
+`loss.tis_cap`), so with k >= 1 it needs `loss.tis_cap` > 0. A row older
+than k versions never enters the loss (`stale_rows`).
 
 Diagnostics, logged with the iteration's metrics: the sampler-trainer
 mismatch of the batch (the old log-probs' forward, or one of its own with
@@ -26,20 +42,17 @@ void rows alone and of the rows in the loss alone (one backward each).
 import json
 import pathlib
 
-import jax
-import numpy as np
 from absl import logging
 
 from swirl_jax import config_lib, distributed, warmstart
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import turns
-from swirl_jax.rollout.records import write_jsonl
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.simpletir import evaluate
 from swirl_jax.simpletir import grpo
 from swirl_jax.simpletir import oversample
 from swirl_jax.simpletir import report
-from swirl_jax.tasks import checkers
+from swirl_jax.simpletir import stages
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import registry
 from swirl_jax.training import metrics as metrics_lib
@@ -49,31 +62,6 @@ from swirl_jax.training import trainer as trainer_lib
 
 # One rollouts file per iteration; a resume rewinds it with metrics.jsonl.
 ROLLOUTS = metrics_lib.RecordFile("rollouts/iter_*.jsonl", per_file=True)
-
-
-def prompt_batches(tasks, per_step: int, seed: int, start: int):
-  """Iteration i's prompts: a seeded shuffle of the tasks, epoch by epoch."""
-  i = start
-  while True:
-    epoch, off = divmod(i * per_step, len(tasks))
-    order = np.random.default_rng(seed + epoch).permutation(len(tasks))
-    idx = [order[(off + k) % len(tasks)] for k in range(per_step)]
-    yield i, [tasks[j] for j in idx]
-    i += 1
-
-
-def split_grad_norms(probe, params, trajs, rows, adv, groups, *,
-                     max_len=None) -> dict[str, float]:
-  """`grad_norm_void` (void rows, with the advantages the filter takes
-  from them) and `grad_norm_kept` (the rows in the loss), each alone."""
-  out = {}
-  void_rows, void_adv = grpo.void_rows(trajs, groups)
-  for name, r, a in (("void", void_rows, void_adv), ("kept", rows, adv)):
-    if distributed.gather(np.int64([len(r)])).sum():  # Rows on any host.
-      b = grpo.make_batch(trajs, r, a, mini_batch_size=1, max_len=max_len)
-      out[f"grad_norm_{name}"] = probe.grad_norm(params, b)
-  return out
-
 
 OLD_LOGPROBS = ("trainer", "sampler")
 
@@ -86,6 +74,15 @@ def resolve(config):
   if c.old_logprobs not in OLD_LOGPROBS:
     raise config_lib.ConfigError(f"old_logprobs {c.old_logprobs!r}; valid: "
                                  f"{', '.join(OLD_LOGPROBS)}")
+  if not (isinstance(c.staleness, int) and c.staleness >= 0):
+    raise config_lib.ConfigError(f"staleness {c.staleness!r}: a count of "
+                                 "policy versions, >= 0")
+  if c.staleness and c.old_logprobs == "trainer" and \
+      not c.train.loss.tis_cap > 0:
+    raise config_lib.ConfigError(
+        f"staleness={c.staleness} with old_logprobs='trainer' needs "
+        "train.loss.tis_cap > 0 (the truncated behaviour ratio of the "
+        "version that sampled), or old_logprobs='sampler'")
   if not c.train.num_steps:
     rows = c.prompts_per_step * c.grpo.group_size
     c.train.num_steps = c.num_iterations * max(
@@ -93,81 +90,9 @@ def resolve(config):
   return c
 
 
-def trainer_logprobs(probe, params, batch, rows: int) -> np.ndarray:
-  """The trainer's log-probs [B, T] of the batch's tokens under `params`
-  (the old policy's, before the update), `rows` rows a forward so no
-  forward holds more than a train micro-batch's activations."""
-  keys = ("tokens", "attention_mask", "positions")
-  parts = []
-  for lo in range(0, len(batch["tokens"]), rows):
-    piece = {k: batch[k][lo:lo + rows] for k in keys
-             if batch.get(k) is not None}
-    parts.append(distributed.to_host(probe.logprobs(params, piece)))
-  return np.concatenate(parts).astype(np.float32)
-
-
-def _forward_rows(trainer, batch) -> int:
-  """Rows of one train micro-batch for this batch's mini-batches."""
-  b, t = batch["tokens"].shape
-  mb = trainer.config.mini_batch_size or b
-  return max(1, mb // trainer.step_fn.micro_batches(mb, t))
-
-
-def validate(c, trainer, rollout, sampler, tok, it: int) -> dict[str, float]:
-  """The code's validation: `config.validation` over the current policy,
-  avg@k / pass@k logged as `val_<set>_avg@k` at the trainer's step (with
-  `val_iteration`: the policy after `it` iterations); the policy exported
-  to <workdir>/hf when it has trained but is not the final one."""
-  v, saved = c.validation, rollout.config
-  sampler.params = trainer.sampling_params()
-  rollout.config = evaluate.rollout_config(c, v)
-  try:
-    results, _ = evaluate.evaluate(rollout, v.datasets, k=v.k,
-                                   data_dir=c.data.data_dir or None,
-                                   limit=v.limit)
-  finally:
-    rollout.config = saved
-  out = {"val_iteration": float(it)}
-  for spec, r in results.items():
-    for m in (f"avg@{v.k}", f"pass@{v.k}"):
-      out[f"val_{spec.replace(':', '_')}_{m}"] = r[m]
-  trainer.writer.write(trainer.step, out)
-  logging.info("validation after %d iterations: %s", it, out)
-  if 0 < it < c.num_iterations:
-    trainer.export_hf(tokenizer=tok)
-  return out
-
-
-def _rollouts(c, rollout, batch_tasks, groups):
-  """This host's scored trajectories of the iteration. One host: at most
-  `prompts_per_step` passing groups (oversample.keep_passing). Several:
-  each host rolls out its block of every drawn group's pairs and keeps it
-  (stopping at completed groups would need the hosts to agree on each
-  group as it ends); `grpo.select_rows(want=)` keeps the surplus passing
-  groups out of the loss."""
-  if jax.process_count() == 1:  # Groups scored as they complete.
-    trajs = oversample.rollout(rollout, batch_tasks, groups,
-                               c.prompts_per_step)
-    checkers.score_trajectories(trajs, batch_tasks)
-    return oversample.keep_passing(trajs, groups, c.prompts_per_step)
-  pairs = [(t, k) for t in batch_tasks for k in range(groups.group_size)]
-  pairs = pairs[distributed.host_block(len(pairs))]
-  return _scored(rollout.run_pairs(pairs), pairs)
-
-
-def _placed_as(x: np.ndarray, ref):
-  """`x` (whole on every host) placed as the global array `ref` is."""
-  if isinstance(ref, jax.Array) and not ref.is_fully_addressable:
-    return jax.make_array_from_callback(x.shape, ref.sharding,
-                                        lambda index: x[index])
-  return x
-
-
-def run(config, workdir: str, *, make_sampler=None) -> None:
-  """The training job; `make_sampler(params, cfg, tok)` overrides the
-  sampler (tests replay scripted turns through the real sandbox)."""
-  c = resolve(config)
-  work = pathlib.Path(workdir)
+def setup(c, workdir: str, make_sampler=None) -> stages.Loop:
+  """The data, the policy (warm-started on CPU runs), the trainer (resumed
+  where it stopped), the sampler and the engine of a training run."""
   # Bad rollout or group settings fail here, before any data or model work.
   rollout_cfg = turns.RolloutConfig.from_config(c.rollout)
   engine_cfg = engine_lib.EngineConfig.from_config(c.engine)
@@ -190,71 +115,38 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
   make_sampler = make_sampler or (lambda p, m, t: Sampler(
       p, m, t, SamplerConfig.from_config(c.sampler)))
   sampler = make_sampler(trainer.sampling_params(), cfg, tok)
-  rollout = engine_lib.RolloutEngine(sampler, tok, tools, rollout_cfg,
-                                     engine_cfg)
   drawn = max(c.prompts_per_step, min(len(tasks), oversample.prompts_drawn(
       c.prompts_per_step, c.oversample)))
-  start, every = trainer.data_pos, c.validation.every
-  recompute = c.old_logprobs == "trainer"
-  # TIS (loss.tis_cap > 0) weights by the trainer's log-probs too.
-  forward = recompute or c.log_mismatch or c.train.loss.tis_cap > 0
-  probe = (probes.Probe.for_trainer(trainer)
-           if forward or c.void_grad_every else None)
-  ok = False
+  loop = stages.Loop(
+      c, pathlib.Path(workdir), tasks, drawn, trainer, sampler,
+      engine_lib.RolloutEngine(sampler, tok, tools, rollout_cfg, engine_cfg),
+      groups, None, tok, tools)
+  if loop.forward or c.void_grad_every:
+    loop.probe = probes.Probe.for_trainer(trainer)
+  return loop
+
+
+def run(config, workdir: str, *, make_sampler=None) -> None:
+  """The training job; `make_sampler(params, cfg, tok)` overrides the
+  sampler (tests replay scripted turns through the real sandbox)."""
+  c = resolve(config)
+  loop = setup(c, workdir, make_sampler)
+  gen, ok = stages.generator(loop), False
   try:
-    for it, batch_tasks in prompt_batches(tasks, drawn, c.seed, start):
-      if it >= c.num_iterations:
-        break
-      if every and it % every == 0:
-        validate(c, trainer, rollout, sampler, tok, it)
-      sampler.params = trainer.sampling_params()
-      rollout.config = turns.RolloutConfig.from_config(
-          dict(c.rollout, seed=distributed.mix_seed(c.seed, "rollout", it)))
-      trajs = _rollouts(c, rollout, batch_tasks, groups)
-      path = str(work / "rollouts" / f"iter_{it:06d}.jsonl")
-      distributed.take_turns(lambda: write_jsonl(path, trajs),  # pylint: disable=cell-var-from-loop
-                             f"iteration {it} rollouts")
-      rows, adv, stats = grpo.select_rows(
-          trajs, groups, want=c.prompts_per_step
-          if jax.process_count() > 1 else 0)
-      n = int(stats["rows_in_loss"])  # Every host's.
-      stats["iteration"] = float(it)
-      stats["groups_run"] = float(distributed.gather(np.int64(
-          [len(trajs)])).sum() // groups.group_size)
-      params = trainer.policy_params()  # The ones that sampled.
-      if c.void_grad_every and it % c.void_grad_every == 0:
-        stats.update(split_grad_norms(probe, params, trajs, rows, adv, groups,
-                                      max_len=c.max_seq_len or None))
-      if not n:  # Every group filtered out: nothing to learn from.
-        trainer.skip(stats)
-        continue
-      batch = grpo.make_batch(trajs, rows, adv,
-                              mini_batch_size=c.train.mini_batch_size or 1,
-                              max_len=c.max_seq_len or None)
-      if forward:  # One forward: the old log-probs and the mismatch.
-        logp = trainer_logprobs(probe, params, batch,
-                                _forward_rows(trainer, batch))
-        stats.update(probe.mismatch(params, batch, logp))
-        if recompute:
-          batch["old_logprobs"] = _placed_as(logp, batch["tokens"])
-      trainer.update(batch, extra=stats)
-      logging.info("iteration %d: reward %.3f void %.3f rows %d", it,
-                   stats["reward"], stats["void_rate"], n)
-    if every and trainer.data_pos >= c.num_iterations:
-      validate(c, trainer, rollout, sampler, tok,
-               c.num_iterations)
+    for it in range(loop.trainer.data_pos, c.num_iterations):
+      stages.iteration(loop, gen, it)
+    if c.validation.every and loop.trainer.data_pos >= c.num_iterations:
+      stages.validate(loop, gen, c.num_iterations)
     ok = True
   finally:
-    trainer.close(save=ok)
+    try:
+      loop.trainer.close(save=ok)
+    finally:
+      gen.close(finished=ok)
   if c.train.export_hf:
-    trainer.export_hf(tokenizer=tok)
-  with distributed.one_writer(f"{work} report") as writing:
+    loop.trainer.export_hf(tokenizer=loop.tok)
+  with distributed.one_writer(f"{loop.work} report") as writing:
     if writing:
-      (work / "done.json").write_text(
+      (loop.work / "done.json").write_text(
           json.dumps({"iterations": c.num_iterations}))
-      logging.info("reward curve (report.md):\n%s", report.write(work))
-
-
-def _scored(trajs, pairs):
-  checkers.score_trajectories(trajs, [t for t, _ in pairs])
-  return trajs
+      logging.info("reward curve (report.md):\n%s", report.write(loop.work))

@@ -258,6 +258,12 @@ DATASETS = {
         lambda split, _, limit: synthetic.arithmetic_tasks(
             limit or 100, seed=synthetic.SPLIT_SEEDS[split], split=split),
         tuple(synthetic.SPLIT_SEEDS)),
+    "synthetic_chain": DatasetSpec(
+        lambda split, _, limit: synthetic.chain_tasks(limit or 100, split),
+        tuple(synthetic.SPLIT_SEEDS)),
+    "synthetic_compute": DatasetSpec(
+        lambda split, _, limit: synthetic.compute_tasks(limit or 100, split),
+        tuple(synthetic.SPLIT_SEEDS)),
     "synthetic_multihop": DatasetSpec(
         lambda split, _, limit: synthetic.multihop_tasks(
             limit or 100, seed=synthetic.SPLIT_SEEDS[split], split=split),

@@ -1,12 +1,21 @@
 """Synthetic tasks with known solution graphs, for CPU-size runs.
 
-Two families, each fully determined by its seed:
+Five families, each fully determined by its seed:
 
 - Arithmetic word problems (`arithmetic_tasks`): 2 to 4 steps, each one
   operation on the problem's numbers or on earlier results. The solution
   graph lists the steps: operands, the expression with numbers filled in
   (what a calculator call would send) and its value. For the calculator
   and the Python tool.
+- Chains (`chain_tasks`): arithmetic word problems of 2 or 3 steps whose
+  numbers come in the order the steps use them, every number below 200
+  (the CPU SWiRL demo's). Held-out split disjoint as for computations.
+- Computations (`compute_tasks`): "What is the remainder of 47 * 86
+  divided by 51?" and the like: one expression of two-digit numbers with
+  an answer below 100. A
+  small model cannot produce the answer without running code, so they
+  are where SimpleTIR's tool use has to pay. The held-out split is
+  disjoint from the others by construction (`compute_split`).
 - Multi-hop questions over a generated world (`multihop_tasks`): invented
   products, companies, people and cities, described by `{title, text}`
   paragraphs (`multihop_corpus`, write it with `write_corpus_jsonl` for
@@ -26,8 +35,10 @@ in SimpleTIR's (```python blocks, then `\\boxed{}`), with the
 observations a tool would return, for use as demonstrations.
 """
 
+import hashlib
 import operator
 import random
+import re
 
 from swirl_jax import jsonl
 from swirl_jax.tasks import records
@@ -42,7 +53,7 @@ _NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo",
           "Ines", "Jonas", "Kira", "Liam", "Maya", "Noah", "Olga", "Pablo")
 _ITEMS = ("marbles", "stickers", "apples", "cards", "shells", "stamps",
           "beads", "coins")
-_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul,
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul,
         "/": operator.truediv}
 
 # Each step: (left, op, right, what it computes). Operands name a number of
@@ -108,7 +119,7 @@ def _solve(template, values):
   env, steps = dict(values), []
   for i, (left, op, right, what) in enumerate(template["steps"], 1):
     a, b = (env[x] if isinstance(x, str) else x for x in (left, right))
-    value = _OPS[op](a, b)
+    value = OPS[op](a, b)
     if value < 0 or value != int(value):
       return None
     value = int(value)
@@ -121,7 +132,13 @@ def _solve(template, values):
 
 def _arith_task(rng, index, split, seed):
   t_idx = rng.randrange(len(_ARITH_TEMPLATES))
-  template = _ARITH_TEMPLATES[t_idx]
+  return _template_task(_ARITH_TEMPLATES, t_idx, rng, "synthetic_arith",
+                        index, split, seed)
+
+
+def _template_task(templates, t_idx, rng, family, index, split, seed):
+  """A task of `templates[t_idx]` with numbers drawn from `rng`."""
+  template = templates[t_idx]
   name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
   while True:
     values = {k: rng.randint(lo, hi) for k, (lo, hi) in
@@ -132,7 +149,7 @@ def _arith_task(rng, index, split, seed):
   for s in steps:
     s["description"] = s["description"].format(item=item)
   question = template["text"].format(name=name, item=item, **values)
-  return Task(id=f"synthetic_arith/{split}/{index}", question=question,
+  return Task(id=f"{family}/{split}/{index}", question=question,
               answers=(str(steps[-1]["value"]),), source="synthetic_arith",
               split=split,
               metadata={"solution_graph": steps, "quantities": values,
@@ -143,6 +160,128 @@ def arithmetic_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
   """`n` arithmetic word problems; the same seed gives the same tasks."""
   rng = random.Random(f"arith/{seed}")
   return [_arith_task(rng, i, split, seed) for i in range(n)]
+
+
+# ------------------------------------------------------------------ chains.
+
+# Word problems whose numbers come in the order the steps use them, each
+# step taking the last result and the next number: a small policy learns
+# to copy them, so what is left to get wrong is the steps themselves.
+_CHAIN_TEMPLATES = (
+    dict(text="{name} has {a} boxes with {b} {item} in each box. {name} "
+              "finds {c} more {item}. How many {item} does {name} have now?",
+         vars=dict(a=(2, 9), b=(3, 12), c=(5, 40)),
+         steps=(("a", "*", "b", "number of {item} in the boxes"),
+                ("s1", "+", "c", "total number of {item}"))),
+    dict(text="{name} buys {a} packs of {b} {item} and gives {c} of them "
+              "away. How many {item} does {name} keep?",
+         vars=dict(a=(2, 9), b=(4, 12), c=(2, 20)),
+         steps=(("a", "*", "b", "number of {item} bought"),
+                ("s1", "-", "c", "number of {item} kept"))),
+    dict(text="{name} has {a} boxes with {b} {item} in each box, finds {c} "
+              "more and gives {d} away. How many {item} does {name} have "
+              "now?",
+         vars=dict(a=(2, 9), b=(3, 12), c=(5, 40), d=(2, 30)),
+         steps=(("a", "*", "b", "number of {item} in the boxes"),
+                ("s1", "+", "c", "number of {item} after finding more"),
+                ("s2", "-", "d", "number of {item} left"))),
+    dict(text="{name} buys {a} packs of {b} {item}, loses {c} of them and "
+              "shares the rest equally among {d} friends. How many {item} "
+              "does each friend get?",
+         vars=dict(a=(2, 9), b=(4, 12), c=(1, 20), d=(2, 6)),
+         steps=(("a", "*", "b", "number of {item} bought"),
+                ("s1", "-", "c", "number of {item} left"),
+                ("s2", "/", "d", "number of {item} each friend gets"))),
+    dict(text="{name} earns ${a} an hour for {b} hours, gets a ${c} tip and "
+              "spends ${d}. How many dollars does {name} have left?",
+         vars=dict(a=(5, 15), b=(2, 8), c=(5, 30), d=(5, 60)),
+         steps=(("a", "*", "b", "money earned"),
+                ("s1", "+", "c", "money with the tip"),
+                ("s2", "-", "d", "money left"))),
+)
+_CHAIN_MAX = 200  # Every number below it: one token each when learnt.
+_CHAIN_SPLITS = ("train", "test", "demo")
+
+
+def chain_tasks(n: int, split: str = "train") -> list[Task]:
+  """`n` distinct chained word problems of `split` (the split is the
+  seed; a problem's split is fixed by a hash of its text, as for
+  `compute_tasks`)."""
+  if split not in _CHAIN_SPLITS:
+    raise ValueError(f"split {split!r}; valid: {', '.join(_CHAIN_SPLITS)}")
+  rng, tasks, seen = random.Random(f"chain/{split}"), [], set()
+  while len(tasks) < n:
+    t_idx = rng.randrange(len(_CHAIN_TEMPLATES))
+    task = _template_task(_CHAIN_TEMPLATES, t_idx, rng, "synthetic_chain",
+                          len(tasks), split, split)
+    numbers = [*task.metadata["quantities"].values(),
+               *(s["value"] for s in task.metadata["solution_graph"])]
+    if (task.question in seen or compute_split(task.question) != split
+        or not all(0 < v < _CHAIN_MAX for v in numbers)):
+      continue
+    seen.add(task.question)
+    tasks.append(task)
+  return tasks
+
+
+# ------------------------------------------------------------- computations.
+
+# (question, expression, description, ranges of a, b, c).
+_COMPUTE_TEMPLATES = (
+    ("What is the remainder of {a} * {b} divided by {c}?", "{a}*{b}%{c}",
+     "remainder"),
+    ("What are the last two digits of {a} * {b}?", "{a}*{b}%100",
+     "number"),
+    ("What is {a} * {b} divided by {c}, rounded down?", "{a}*{b}//{c}",
+     "quotient"),
+)
+# Every number has two digits, the answer too: a vocabulary learnt on the
+# problems keeps each one whole, so running the code and reading its
+# result back need only copies of single tokens, while computing the
+# answer without the code is out of a small model's reach.
+_COMPUTE_RANGE = (12, 99)
+# A problem belongs to one split by a hash of its text: the held-out split
+# shares no question with the training or demonstration splits, whatever
+# their sizes.
+_COMPUTE_SPLITS = ("train", "test", "demo")
+
+
+def compute_split(question: str) -> str:
+  """The only split `question` may appear in."""
+  h = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16)
+  return _COMPUTE_SPLITS[h % len(_COMPUTE_SPLITS)]
+
+
+def compute_tasks(n: int, split: str = "train") -> list[Task]:
+  """`n` distinct computations of `split`; the same split gives the same
+  tasks (the split is the seed)."""
+  if split not in _COMPUTE_SPLITS:
+    raise ValueError(f"split {split!r}; valid: {', '.join(_COMPUTE_SPLITS)}")
+  rng, tasks, seen = random.Random(f"compute/{split}"), [], set()
+  while len(tasks) < n:
+    t_idx = rng.randrange(len(_COMPUTE_TEMPLATES))
+    text, expr, what = _COMPUTE_TEMPLATES[t_idx]
+    values = {k: rng.randint(*_COMPUTE_RANGE) for k in "abc"
+              if "{" + k + "}" in text}
+    question = text.format(**values)
+    if len(set(values.values())) < len(values):
+      continue  # "... of 88 * 39 divided by 88" would answer 0.
+    if question in seen or compute_split(question) != split:
+      continue
+    seen.add(question)
+    expression = expr.format(**values)
+    value = eval(expression, {"__builtins__": {}})  # pylint: disable=eval-used
+    if not 2 <= value < 100 or value in values.values():
+      continue  # Copying a number of the question never answers it.
+    tasks.append(Task(
+        id=f"synthetic_compute/{split}/{len(tasks)}", question=question,
+        answers=(str(value),), source="synthetic_arith", split=split,
+        metadata={"solution_graph": [
+            {"step": 1, "operands": sorted(values), "op": expression,
+             "expression": expression, "value": value,
+             "description": what}],
+            "quantities": values, "template": t_idx, "family": "compute"}))
+  return tasks
 
 
 # ---------------------------------------------------------------- multi-hop.
@@ -354,9 +493,9 @@ _NEEDS = {"made by": "which company makes the {}",
           "has colour": "which colour {} is"}
 
 
-def _spaced(expression: str) -> str:
-  return " ".join(expression.replace("*", " * ").replace("/", " / ")
-                  .replace("+", " + ").replace("-", " - ").split())
+def spaced_expression(expression: str) -> str:
+  """`expression` with a space on each side of every operator."""
+  return " ".join(re.sub(r"(//|[*/+%-])", r" \1 ", expression).split())
 
 
 def reference_turns(task: Task, observe=None, spaced: bool = False,
@@ -388,7 +527,7 @@ def reference_turns(task: Task, observe=None, spaced: bool = False,
   turns = []
   if task.source == "synthetic_arith":
     for s in graph:
-      expr = _spaced(s["expression"]) if spaced else s["expression"]
+      expr = spaced_expression(s["expression"]) if spaced else s["expression"]
       action = (f"Next I need the {s['description']}.\n"
                 f"<math_exp>{pad}{expr}{pad}</math_exp>")
       obs = (observe("calculator", s["expression"]) if observe else
@@ -418,8 +557,8 @@ def _simpletir_turns(task: Task, observe, spaced: bool) -> list[dict]:
   pad = " " if spaced else ""
   graph, turns = task.metadata["solution_graph"], []
   for s in graph:
-    expr = _spaced(s["expression"]) if spaced else s["expression"]
-    code = f"print({pad}{expr.replace('/', '//')}{pad})"
+    expr = spaced_expression(s["expression"]) if spaced else s["expression"]
+    code = f"print({pad}{re.sub(r'(?<!/)/(?!/)', '//', expr)}{pad})"
     action = f"Next I need the {s['description']}.\n```python\n{code}\n```"
     obs = (observe("python", code + "\n") if observe else
            f"\nCode execution result: {s['value']}\n\n")

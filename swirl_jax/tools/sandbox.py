@@ -68,6 +68,7 @@ _SIGNALS = {
 _BOOTSTRAP = r"""
 import json, os, resource, sys
 _cfg = json.loads(sys.argv[1])
+sys.path.extend(_cfg["path"])  # Started with -S: no .pth files run.
 _code = sys.stdin.read()
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 for _name, (_soft, _hard) in _cfg["limits"].items():
@@ -303,9 +304,12 @@ class Sandbox:
     # Only root switches uid; a normal user already is unprivileged.
     cfg = json.dumps({"limits": self._limits,
                       "uid": uid if self._as_root else None,
-                      "ready_fd": ready_fd})
-    python = [os.path.realpath(sys.executable), "-s", "-u", "-c", _BOOTSTRAP,
-              cfg]
+                      "ready_fd": ready_fd, "path": site.getsitepackages()})
+    # -S: the site module's start-up (every .pth file in site-packages,
+    # an editable install's hooks among them) would take about half of a
+    # snippet's start; the bootstrap puts site-packages on the path itself.
+    python = [os.path.realpath(sys.executable), "-S", "-u", "-c",
+              _BOOTSTRAP, cfg]
     if self.isolation == "bubblewrap":
       return self._pin + _bwrap_args(shutil.which("bwrap"),
                                      self._tmpfs_bytes, self._as_root) + python

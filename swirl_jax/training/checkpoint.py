@@ -81,14 +81,18 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
 
+  def due(self, step: int, *, force: bool = False) -> bool:
+    """Whether `save` at `step` (with `force`) writes a checkpoint."""
+    if step == self._last:
+      return False
+    last = 0 if self._last is None else self._last  # First: at `every`.
+    return force or step // self.every != last // self.every
+
   def save(self, state: TrainState, *, force: bool = False,
            extra: dict | None = None) -> bool:
     """Saves if a multiple of `every` was reached since the last save."""
     step = int(jax.device_get(state.step))
-    if step == self._last:
-      return False
-    last = 0 if self._last is None else self._last  # First: at `every`.
-    if not force and step // self.every == last // self.every:
+    if not self.due(step, force=force):
       return False
     meta = dict(step=step, data_pos=int(jax.device_get(state.data_pos)),
                 skipped=int(jax.device_get(state.skipped)),

@@ -8,19 +8,25 @@
 params that sampled them and compares with the sampler's log-probs
 (`ops.losses.mismatch_metrics`): they differ by numerics alone, so this is
 the sampler-trainer mismatch before any update moves the params (inside
-the step, later mini-batches mix it with the policy's own change). With
-truncated importance sampling on (`loss.tis_cap` > 0) it also leaves those
-log-probs in `batch['old_logprobs']`, which the step's TIS weights need, so
-the one forward serves both.
+the step, later mini-batches mix it with the policy's own change; given
+newer params than those that sampled, it holds the policy's change too).
+With truncated importance sampling on (`loss.tis_cap` > 0) it also leaves
+those log-probs in `batch['old_logprobs']`, which the step's TIS weights
+need, so the one forward serves both.
+
+Log-probs stay on the devices, laid out as the batch is (global arrays on
+several hosts); only the mismatch's scalars come to the host.
 `grad_norm` is the global norm of the loss gradient on a batch, before
 clipping, as the step would take it; with LoRA it is over the merged
 params.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from swirl_jax import sharding as shd
 from swirl_jax.ops import losses
@@ -50,22 +56,36 @@ class Probe:
     return cls(trainer.model_cfg, trainer.mesh, params,
                trainer.config.get("loss", None))
 
-  def logprobs(self, params, batch):
-    """The trainer's log-probs of `batch['tokens']` under `params`, aligned
-    with the tokens (column 0 is 0); a global array."""
-    return self._logp(params, batch)
+  def logprobs(self, params, batch, rows: int = 0):
+    """The trainer's log-probs [B, T] of `batch['tokens']` under `params`,
+    aligned with the tokens (column 0 is 0): `rows` rows a forward (0:
+    all at once), so no forward holds more than that many rows'
+    activations, joined on the devices and laid out as
+    `batch['tokens']` is (a device array; a host batch's: as the
+    trainer's step takes it). Nothing goes to the host."""
+    keys = ("tokens", "attention_mask", "positions")
+    b = len(batch["tokens"])
+    rows = rows or b
+    parts = [self._logp(params, {k: batch[k][lo:lo + rows] for k in keys
+                                 if batch.get(k) is not None})
+             for lo in range(0, b, rows)]
+    ref = batch["tokens"]
+    sharding = (ref.sharding if isinstance(ref, jax.Array) else
+                step_lib.batch_sharding(self.mesh, b, self.rules))
+    joined = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+    return jax.device_put(joined, sharding)  # Device to device.
 
   def mismatch(self, params, batch, logp_BT=None) -> dict[str, float]:
     """`mismatch_*` metrics of `batch['behaviour_logprobs']` vs `params`
     (and `batch['old_logprobs']` set, with TIS on); `logp_BT`: those
-    log-probs when the caller has them already (`logprobs`)."""
+    log-probs when the caller has them already (`logprobs`). Reduced on
+    the devices: only the scalars reach the host."""
     if logp_BT is None:
-      logp_BT = self._logp(params, batch)
+      logp_BT = self.logprobs(params, batch)
     if self.tis:
       batch["old_logprobs"] = logp_BT
-    m = losses.mismatch_metrics(
-        logp_BT[:, 1:], jnp.asarray(batch["behaviour_logprobs"])[:, 1:],
-        jnp.asarray(batch["loss_mask"])[:, 1:])
+    m = _mismatch(NamedSharding(logp_BT.sharding.mesh, P()), logp_BT,
+                  batch["behaviour_logprobs"], batch["loss_mask"])
     return {k: float(v) for k, v in jax.device_get(m).items()}
 
   def grad_norm(self, params, batch) -> float:
@@ -82,3 +102,12 @@ class Probe:
     with shd.use_mesh(self.mesh, self.rules):
       return float(self._grad[b](params,
                                  step_lib.place_batch(batch, sharding)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _mismatch(sharding, logp_BT, behaviour_BT, mask_BT):
+  """`losses.mismatch_metrics` over the shifted tokens, each scalar laid
+  out by `sharding` (whole on every device)."""
+  m = losses.mismatch_metrics(logp_BT[:, 1:], behaviour_BT[:, 1:],
+                              mask_BT[:, 1:])
+  return jax.lax.with_sharding_constraint(m, sharding)

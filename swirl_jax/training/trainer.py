@@ -87,6 +87,10 @@ class Trainer:
         str(self.workdir), total_steps=c.num_steps, initial_step=self.step,
         done=self.data_pos, records=records, tensorboard=c.tensorboard,
         progress=c.progress)
+    # `before_save(data_pos)`, when set, runs before each checkpoint is
+    # taken: what a resume from it needs besides the state goes to disk
+    # first (e.g. rollouts sampled ahead of the update).
+    self.before_save: Callable[[int], None] | None = None
 
   def _restore_or_create(self, params, rules):
     c, cfg = self.config, self.model_cfg
@@ -131,8 +135,14 @@ class Trainer:
     for i, m in enumerate(host):
       self.writer.write(first + i + 1, {**(extra or {}), **m},
                         iteration=self.data_pos - 1)
-    self.ckpt.save(self.state)
+    self._save()
     return host
+
+  def _save(self, force: bool = False) -> None:
+    if self.before_save is not None and self.ckpt.due(self.step,
+                                                      force=force):
+      self.before_save(self.data_pos)
+    self.ckpt.save(self.state, force=force)
 
   def skip(self, extra: dict[str, float] | None = None) -> None:
     """Consumes a batch without an update (e.g. every group was filtered):
@@ -177,7 +187,7 @@ class Trainer:
   def close(self, save: bool = True) -> None:
     try:
       if save:
-        self.ckpt.save(self.state, force=True)
+        self._save(force=True)
       self.ckpt.close()
     finally:  # Ends the progress bar's line even when a save fails.
       self.writer.close()

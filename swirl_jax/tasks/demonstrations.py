@@ -1,0 +1,150 @@
+"""Demonstrations that err at known rates, for the CPU runs' warm starts.
+
+A policy warm-started on gold trajectories alone is right wherever it
+has been shown the way, and RL then has little to fix. The CPU demos
+warm-start on a mix of styles instead (`warmstart.demo_mix`), so that the
+base policy takes wrong steps at a rate the mix sets, of the kinds each
+method is meant to correct:
+
+SimpleTIR (format 'simpletir', the `compute_tasks` problems):
+  tool      runs the expression in a ```python block, then boxes the
+            printed value (the gold trajectory);
+  direct    boxes an answer without running code: a small model cannot
+            compute it, so it learns to guess;
+  bad_code  a block that fails (a syntax error), then a guessed answer;
+  void      an unclosed block, and the turn ends there: a void turn.
+SWiRL (format 'swirl', arithmetic word problems with the calculator):
+  gold      every step right;
+  operand   the last step takes a wrong number of the problem (another
+            of its quantities or an earlier result), so the answer is wrong;
+  skip      answers before the last step, with the value of the one
+            before it.
+The SWiRL errors sit at the last step, so a policy warm-started with them
+at a rate above one half errs there under greedy decoding (its likelier
+action is the wrong one) and still samples the right step often enough
+for a judge to reward it: the state stage 2 has to learn at.
+
+The styles other than `tool` / `gold` end in a wrong answer (a guess can
+be right by chance; the checker decides). `styles` draws each task's style
+from its id and the seed, so a rerun makes the same demonstrations.
+"""
+
+import random
+
+from swirl_jax.tasks import synthetic
+from swirl_jax.tasks.records import Task
+
+STYLES = {"simpletir": ("tool", "direct", "bad_code", "void"),
+          "swirl": ("gold", "operand", "skip")}
+GOLD = {"simpletir": "tool", "swirl": "gold"}
+
+
+def check_mix(mix: dict, fmt: str) -> dict[str, float]:
+  """`mix` ({style: weight}) with its weights normalised; ValueError on a
+  style the format does not have or weights that do not sum above 0."""
+  mix = {str(k): float(v) for k, v in dict(mix).items() if float(v)}
+  unknown = set(mix) - set(STYLES[fmt])
+  if unknown or not mix or min(mix.values()) < 0:
+    raise ValueError(f"demonstration mix {mix} for format {fmt!r}: styles "
+                     f"are {', '.join(STYLES[fmt])}, weights >= 0, one > 0")
+  total = sum(mix.values())
+  return {k: v / total for k, v in mix.items()}
+
+
+def styles(tasks, mix: dict, fmt: str, seed: int) -> list[str]:
+  """Each task's style, drawn from `mix` by the task's id and `seed`."""
+  mix = check_mix(mix, fmt)
+  names, weights = list(mix), list(mix.values())
+  return [random.Random(f"{seed}/{t.id}").choices(names, weights)[0]
+          for t in tasks]
+
+
+def reference_turns(task: Task, style: str, *, spaced: bool = False,
+                    fmt: str = "swirl") -> list[dict]:
+  """`synthetic.reference_turns` of `task` in `style` (see the module
+  docstring): one dict per model turn, `action` and `observation` (what
+  the tool returns, for the demo's own use; the warm start replays the
+  actions through the loop with live tools)."""
+  if style not in STYLES[fmt]:
+    raise ValueError(f"style {style!r}; {fmt} styles: "
+                     f"{', '.join(STYLES[fmt])}")
+  gold = synthetic.reference_turns(task, spaced=spaced, fmt=fmt)
+  if style == GOLD[fmt]:
+    return gold
+  rng = random.Random(f"{style}/{task.id}")
+  if fmt == "simpletir":
+    return _simpletir(task, style, gold, spaced, rng)
+  return _swirl(task, style, spaced, rng)
+
+
+def _pad(text: str, spaced: bool) -> str:
+  return f" {text} " if spaced else text
+
+
+def _guess(task: Task, rng) -> str:
+  """A wrong number near the answer, written as the model would."""
+  value, off = int(float(task.answer)), rng.randint(1, 99)
+  return str(value - off if value >= off and rng.random() < 0.5
+             else value + off)
+
+
+def _simpletir(task, style, gold, spaced, rng) -> list[dict]:
+  first = gold[0]["action"]
+  opening = first[:first.index("```python")]
+  what = task.metadata["solution_graph"][-1]["description"]
+  box = lambda v: f"The {what} is {v}.\n\\boxed{{{_pad(v, spaced)}}}"
+  if style == "direct":
+    return [{"action": box(_guess(task, rng)), "observation": None}]
+  code = first[first.index("```python"):]
+  if style == "void":  # The block never closes; the turn ends in it.
+    return [{"action": opening + code[:code.rindex("```")].rstrip("\n"),
+             "observation": None}]
+  broken = code.replace("print(", "print((", 1)  # An unclosed bracket.
+  return [{"action": opening + broken, "observation": None},
+          {"action": box(_guess(task, rng)), "observation": None}]
+
+
+def _swirl(task, style, spaced, rng) -> list[dict]:
+  """The gold steps up to the last one, then the error."""
+  graph = task.metadata["solution_graph"]
+  env = dict(task.metadata["quantities"])
+  at = len(graph) - 1
+  turns, value = [], None
+  for i, step in enumerate(graph):
+    if style == "skip" and i == at:
+      break
+    left, right = (env[x] if isinstance(x, str) else x
+                   for x in step["operands"])
+    if style == "operand" and i == at:
+      left, right = _wrong_operands(step, left, right, env, rng)
+    value = synthetic.OPS[step["op"]](left, right)
+    value = int(value) if value == int(value) else round(value, 4)
+    env[f"s{i + 1}"] = value
+    expr = f"{left}{step['op']}{right}"
+    shown = synthetic.spaced_expression(expr) if spaced else expr
+    turns.append({"action": f"Next I need the {step['description']}.\n"
+                            f"<math_exp>{_pad(shown, spaced)}</math_exp>",
+                  "observation": f"{expr} -> {value}"})
+  last = graph[len(turns) - 1]["description"]
+  turns.append({"action": f"The {last} is {value}.\n"
+                          f"<answer>{_pad(str(value), spaced)}</answer>",
+                "observation": None})
+  return turns
+
+
+def _wrong_operands(step, left, right, env, rng):
+  """The step's operands with one replaced by another number the problem
+  or an earlier step gives, keeping the value whole and not negative."""
+  op = synthetic.OPS[step["op"]]
+  options = []
+  for side in (0, 1):
+    if not isinstance(step["operands"][side], str):
+      continue  # A literal of the template (4 legs) stays.
+    for v in set(env.values()):
+      pair = (v, right) if side == 0 else (left, v)
+      if v in (left, right) or pair[1] == 0:
+        continue
+      out = op(*pair)
+      if out >= 0 and out == int(out):
+        options.append(pair)
+  return rng.choice(sorted(options)) if options else (left + 1, right)

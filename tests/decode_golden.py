@@ -1,0 +1,159 @@
+"""Golden decode outputs: what the contiguous slot cache produced before
+the page pool replaced it, kept in tests/data/decode_golden.json.
+
+`outputs(engine_kw)` runs a fixed set of cases through the public paths
+(`Sampler.generate`, `RolloutEngine.run`) on random-weight tiny / mini
+presets: token ids and log-probs, greedy and seeded, several prompt shapes,
+a stop string, a crossing of a cache bucket, a Gemma-2-like model (sliding
+window, soft-caps) and multi-turn rollouts with the calculator. The file
+was written by running this module against the slot cache (the old
+stack); tests/test_pages.py compares the page pool's outputs with it.
+
+  PYTHONPATH=. python tests/decode_golden.py   # Rewrites the file.
+"""
+
+import json
+import os
+import pathlib
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from swirl_jax import config_lib
+from swirl_jax.models import decoder, loading, presets
+from swirl_jax.rollout import engine as engine_lib
+from swirl_jax.rollout import turns
+from swirl_jax.rollout.scripted import replaying
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from swirl_jax.tasks import synthetic
+from swirl_jax.tools import parsing, registry
+
+from lockstep import LockStep  # pylint: disable=g-bad-import-order
+
+PATH = pathlib.Path(__file__).parent / "data" / "decode_golden.json"
+ALPHABET = ["<", "/", "a", ">", "b", " ", "x", "\n"]
+
+
+def _prompts(lengths, vocab, seed):
+  rng = np.random.RandomState(seed)
+  return [rng.randint(0, vocab, n).tolist() for n in lengths]
+
+
+def _table(vocab, seed=0):
+  rng = np.random.RandomState(seed)
+  return ["".join(rng.choice(ALPHABET, rng.randint(1, 4))).encode()
+          for _ in range(vocab)]
+
+
+def _gen(res) -> dict:
+  return dict(tokens=res.tokens, logprobs=[lp.tolist() for lp in res.logprobs],
+              reasons=res.stop_reasons)
+
+
+def generate_cases() -> dict:
+  """`Sampler.generate` on tiny, mini and a Gemma-2-like tiny model."""
+  out = {}
+  gemma = presets.get_preset("tiny").replace(
+      family="gemma2", sliding_window=4,
+      layer_types=("sliding_attention", "full_attention"),
+      attn_logit_softcap=5.0, final_logit_softcap=3.0)
+  for name, cfg in (("tiny", presets.get_preset("tiny")),
+                    ("mini", presets.get_preset("mini")),
+                    ("gemma", gemma)):
+    params = decoder.init_params(cfg, jax.random.key(1))
+    table = _table(cfg.vocab_size)
+    s = Sampler(params, cfg, config=SamplerConfig(max_cache_len=512,
+                                                  eos_ids=()),
+                token_bytes=table)
+    prompts = _prompts([5, 17, 40, 3], cfg.vocab_size, seed=0)
+    out[f"{name}_greedy"] = _gen(s.generate(prompts, max_new_tokens=30))
+    out[f"{name}_seeded"] = _gen(s.generate(
+        prompts, max_new_tokens=[30, 12, 25, 40], temperature=1.0,
+        top_p=0.9, seed=3))
+    # Crosses the first cache bucket (256) while decoding.
+    long = _prompts([240, 100], cfg.vocab_size, seed=1)
+    out[f"{name}_long"] = _gen(s.generate(long, max_new_tokens=40,
+                                          temperature=0.8, seed=[7, 8]))
+    if name == "tiny":
+      free = s.generate(prompts[:2], max_new_tokens=30, temperature=1.2,
+                        seed=5)
+      text = b"".join(table[t] for t in free.tokens[0][:12]).decode()
+      out["tiny_stop"] = _gen(s.generate(
+          prompts[:2], max_new_tokens=30, temperature=1.2, seed=5,
+          stop_strings=[text[-3:]]))
+      out["tiny_stop"]["stop"] = text[-3:]
+  return out
+
+
+def _h(traj_id, turn, n):
+  return zlib.crc32(f"{traj_id}/{turn}".encode()) % n
+
+
+def _lengths(traj_id, turn):
+  return 3 + _h(traj_id, turn, 23)
+
+
+def _calc_action(traj_id, turn):
+  if turn < 1 + _h(traj_id, -1, 3):
+    return parsing.ParsedTurn("call", tool="calculator",
+                              argument=f"{turn} + {len(traj_id)}")
+  return parsing.ParsedTurn("answer", answer="7")
+
+
+def trajs_json(trajs) -> list:
+  return [[dict(action_ids=t.action_ids, logprobs=t.action_logprobs,
+                observation_ids=t.observation_ids, reason=t.stop_reason)
+           for t in tr.turns] for tr in trajs]
+
+
+ENGINE = dict(slots=4, decode_batch=2, chunk_steps=4, tool_workers=4)
+
+
+def engine_run(preset: str, temperature: float, engine_kw=None,
+               sampler_kw=None, lockstep=False):
+  """(trajectories, the runner, (cfg, params)) of one rollout of 6 rows
+  (3 tasks x 2) through the engine (or the lock-step oracle), with false
+  stops. `engine_kw` / `sampler_kw` override `EngineConfig` /
+  `SamplerConfig` fields."""
+  tools = registry.build_tools(("calculator",))
+  cfg, params, tok = loading.load_policy(config_lib.model_config(preset, ""))
+  sampler = Sampler(params, cfg, tok, SamplerConfig(
+      **dict(dict(max_cache_len=1024), **(sampler_kw or {}))))
+  rc = turns.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
+                           temperature=temperature, seed=5)
+  if lockstep:
+    runner = replaying(LockStep, _lengths, _calc_action)(
+        sampler, tok, tools, rc)
+  else:
+    runner = replaying(engine_lib.RolloutEngine, _lengths, _calc_action)(
+        sampler, tok, tools, rc, engine_lib.EngineConfig(
+            **dict(ENGINE, **(engine_kw or {}))))
+  runner.stops = ("\n\n\n", "e")
+  trajs = runner.run(synthetic.arithmetic_tasks(3, seed=2),
+                     samples_per_task=2)
+  return trajs, runner, (cfg, params)
+
+
+def engine_cases() -> dict:
+  """The engine's rollouts on tiny and mini, greedy and seeded."""
+  out = {}
+  for preset in ("tiny", "mini"):
+    for temperature in (0.0, 1.0):
+      trajs, _, _ = engine_run(preset, temperature)
+      out[f"engine_{preset}_{temperature}"] = trajs_json(trajs)
+  return out
+
+
+def outputs() -> dict:
+  jax.config.update("jax_default_matmul_precision", "highest")
+  return dict(generate_cases(), **engine_cases())
+
+
+if __name__ == "__main__":
+  got = outputs()
+  PATH.write_text(json.dumps(got))
+  print(f"wrote {PATH} ({len(got)} cases)")

@@ -1,0 +1,196 @@
+"""SimpleTIR with bounded staleness (swirl_jax/simpletir/pipeline.py):
+staleness 0 is the synchronous loop, record for record; staleness 1
+samples each iteration on the version before, whatever the timing, with
+the behaviour log-probs of that version; a row older than the staleness
+never reaches the trainer.
+
+Killed -9 and resumed: tests/test_resume_simpletir.py. Two processes
+against one: tests/test_multihost.py."""
+
+import json
+import pathlib
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from swirl_jax.models import decoder, loading
+from swirl_jax.rollout.records import Trajectory, Turn
+from swirl_jax.simpletir import grpo, stages, train
+from swirl_jax.tasks import checkers
+from swirl_jax.training import trainer as trainer_lib
+
+import resume_checks
+import simpletir_script
+
+GOLDEN = pathlib.Path(__file__).parent / "data" / "simpletir_sync"
+
+
+def _lines(path):
+  return [json.loads(l) for l in pathlib.Path(path).read_text().splitlines()]
+
+
+def test_staleness_0_equals_the_synchronous_loop(tmp_path, monkeypatch):
+  """The scripted run of simpletir_script.py (3 iterations, the split
+  gradient norms each) at staleness 0: metrics.jsonl and the rollouts
+  files equal, record for record, those the synchronous loop wrote before
+  it was split into stages (tests/data/simpletir_sync, recorded with the
+  same config and seeds)."""
+  c = simpletir_script.config()
+  c.void_grad_every = 1
+  simpletir_script.run(c, tmp_path, monkeypatch.setattr)
+  resume_checks.assert_same_records(_lines(tmp_path / "metrics.jsonl"),
+                                    _lines(GOLDEN / "metrics.jsonl"))
+  for it in range(3):
+    name = f"rollouts/iter_{it:06d}.jsonl"
+    assert _lines(tmp_path / name) == _lines(GOLDEN / name), name
+  assert not (tmp_path / "queue").exists()
+
+
+def _traj(i, version, reward):
+  return Trajectory(task_id=f"q{i // 4}", sample_index=i % 4, reward=reward,
+                    prompt_ids=[1, 2], meta={"policy_version": version},
+                    turns=[Turn(text="```python\nprint(1)\n```",
+                                action_ids=[5 + i], action_logprobs=[-1.0])])
+
+
+def test_rows_older_than_the_staleness_leave_the_loss():
+  """Iteration 3 at staleness 1: a row of version 1 (2 behind) is out of
+  the loss, counted, and keeps its place in its group's statistics; rows
+  of version 2 train."""
+  g = grpo.GroupConfig(group_size=4, accuracy_band=None)
+  rewards = [1.0, 0.0, 1.0, 0.0]
+  trajs = [_traj(i, v, r) for i, (v, r) in enumerate(zip([2, 1, 2, 2],
+                                                         rewards))]
+  rows = grpo.figures(trajs, g)
+  sel, adv, stats = grpo.select_rows(rows, g, iteration=3, staleness=1)
+  assert sel.tolist() == [0, 2, 3]
+  assert stats["stale_rows"] == 1 and stats["policy_lag"] == 1.25
+  r = np.array(rewards)
+  np.testing.assert_allclose(adv, ((r - r.mean()) / r.std(ddof=1))[[0, 2, 3]],
+                             rtol=1e-6)
+  sel, _, stats = grpo.select_rows(rows, g, iteration=3, staleness=2)
+  assert sel.tolist() == [0, 1, 2, 3] and stats["stale_rows"] == 0
+  assert "stale_rows" not in grpo.select_rows(rows, g)[2]  # Synchronous.
+
+
+def test_a_stale_trajectory_is_never_trained_on(tmp_path, monkeypatch):
+  """Staleness 1, the scripted run; one trajectory of iteration 2 made to
+  look sampled 2 versions back (as a generator that fell behind would
+  give it): no batch the trainer gets holds its tokens, and the
+  iteration's records count it; the same trajectory, not stale, does
+  train."""
+  c = simpletir_script.config()
+  c.staleness, c.train.loss.tis_cap = 1, 2.0
+  real_collect, batches = stages.collect, []
+  target = {}
+
+  def collect(loop, it, feed):
+    trajs = real_collect(loop, it, feed)
+    if it == 2:  # Sample 0 of the first group: right, in the loss.
+      trajs[0].meta["policy_version"] = target.get("version", 0)
+      target["tokens"] = trajs[0].token_sequence()[0]
+    return trajs
+
+  real_update = trainer_lib.Trainer.update
+
+  def update(self, batch, extra=None):
+    if extra["iteration"] == 2:
+      batches.append(np.asarray(batch["tokens"]))
+    return real_update(self, batch, extra)
+
+  monkeypatch.setattr(stages, "collect", collect)
+  monkeypatch.setattr(trainer_lib.Trainer, "update", update)
+
+  def trained(version):
+    target["version"] = version
+    batches.clear()
+    simpletir_script.run(c, tmp_path / f"v{version}", monkeypatch.setattr)
+    t = target["tokens"]
+    rows = np.concatenate(batches)
+    recs = [r for r in _lines(tmp_path / f"v{version}" / "metrics.jsonl")
+            if r["iteration"] == 2]
+    return (any(np.array_equal(row[:len(t)], t) for row in rows),
+            {r["stale_rows"] for r in recs})
+
+  assert trained(0) == (False, {1.0})  # 2 versions behind iteration 2.
+  assert trained(1) == (True, {0.0})  # 1 behind: allowed.
+
+
+def _learning_config():
+  """The tiny model sampling at temperature 1, rewards by sample parity
+  (set by the test), every row in the loss, a large step: the policy
+  moves visibly each iteration."""
+  c = simpletir_script.config(temperature=1.0)
+  c.grpo.update(filter_void=False, mask_overlong=False)
+  c.train.optim.lr = 1e-2
+  c.staleness, c.train.loss.tis_cap = 1, 2.0
+  return c
+
+
+def _parity_rewards(trajs, tasks):
+  del tasks
+  for t in trajs:
+    t.outcome = t.sample_index % 2 == 0
+    t.reward = float(t.outcome)
+
+
+def test_staleness_1_samples_on_the_version_before_whatever_the_timing(
+    tmp_path, monkeypatch):
+  """The tiny model, staleness 1, 3 iterations: iteration i's rollouts are
+  stamped and sampled with version max(0, i - 1) (their behaviour
+  log-probs are that version's, not the newer one's the trainer updates),
+  and a second run whose trainer is slowed down (so the generator runs
+  further ahead) writes the same records and rollouts. Two runs of the
+  model: over a minute."""
+  monkeypatch.setattr(checkers, "score_trajectories", _parity_rewards)
+  published = {}
+  real_policy = stages.policy
+
+  def policy(loop):
+    p = real_policy(loop)
+    published[p.version] = jax.tree.map(np.asarray,
+                                        loop.trainer.policy_params())
+    return p
+
+  monkeypatch.setattr(stages, "policy", policy)
+  c = _learning_config()
+  updated = []
+  train.run(c, str(tmp_path / "fast"))
+  real_update = trainer_lib.Trainer.update
+
+  def slow_update(self, batch, extra=None):
+    time.sleep(2.0)
+    updated.append(extra["iteration"])
+    return real_update(self, batch, extra)
+
+  monkeypatch.setattr(trainer_lib.Trainer, "update", slow_update)
+  train.run(c, str(tmp_path / "slow"))
+  assert updated == [0.0, 1.0, 2.0]
+  fast, slow = tmp_path / "fast", tmp_path / "slow"
+  assert _lines(slow / "metrics.jsonl") == _lines(fast / "metrics.jsonl")
+  cfg = loading.load_policy(c.model)[0]
+  for it in range(3):
+    name = f"rollouts/iter_{it:06d}.jsonl"
+    trajs = [Trajectory.from_dict(r) for r in _lines(fast / name)]
+    assert _lines(slow / name) == _lines(fast / name), name
+    assert {t.meta["policy_version"] for t in trajs} == {max(0, it - 1)}
+    if it:  # Behaviour log-probs: version it - 1's, not version it's.
+      sampled = _gap(cfg, published[it - 1], trajs)
+      newer = _gap(cfg, published[it], trajs)
+      assert sampled < 2e-4 and newer > 1e-2, (it, sampled, newer)
+
+
+def _gap(cfg, params, trajs) -> float:
+  """Largest |behaviour log-prob - teacher-forced log-prob under
+  `params`| over the trajectories' sampled tokens (temperature 1)."""
+  fwd = jax.jit(lambda p, t: decoder.forward(p, cfg, t)[0])
+  gap = 0.0
+  for traj in trajs:
+    tokens, mask, logps = traj.token_sequence()
+    lp = jax.nn.log_softmax(fwd(params, tokens[None])[0, :-1], -1)
+    ref = np.take_along_axis(np.asarray(lp), tokens[1:, None], 1)[:, 0]
+    m = mask[1:] == 1
+    gap = max(gap, float(np.abs(logps[1:][m] - ref[m]).max()))
+  return gap

@@ -1,0 +1,273 @@
+"""The page pool against the slot cache it replaced (golden outputs in
+tests/data/decode_golden.json, tests/decode_golden.py): the same tokens
+and log-probs from `Sampler.generate` and the rollout engine, greedy and
+seeded, also when a pool too small for every row makes the engine preempt
+rows and recompute them; a preempted row's stretch is an unpreempted
+one's, stop strings across chunks included; the Pallas kernels (in their
+interpreters) and every decode path against the reference; one program
+for any rows of a bucket."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import compile_events
+import decode_golden
+from swirl_jax.models import attention, decoder, paged, presets
+from swirl_jax.sampling import distribution, pages
+from swirl_jax.sampling.device import Draw, PlainRow
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+
+GOLDEN = json.loads(decode_golden.PATH.read_text())
+# A pool too small for the engine's 4 rows in flight: 512-token rows of
+# 16-slot pages, 32 pages (one row at the limit) where 4 rows reach ~250.
+SMALL_POOL = dict(engine_kw=dict(pages=32), sampler_kw=dict(
+    max_cache_len=512, page_size=16, cache_buckets=(256, 384, 512)))
+
+
+def _same_trajs(got, want):
+  assert [[t["action_ids"] for t in tr] for tr in got] == \
+      [[t["action_ids"] for t in tr] for tr in want]
+  assert [[t["observation_ids"] for t in tr] for tr in got] == \
+      [[t["observation_ids"] for t in tr] for tr in want]
+  for x, y in zip(got, want):
+    for a, b in zip(x, y):
+      assert a["reason"] == b["reason"]
+      np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=2e-5)
+
+
+def test_generate_equals_the_slot_cache():
+  """Tiny, mini and a Gemma-2-like model (sliding window, soft-caps):
+  greedy, seeded with per-row budgets, a crossing of the first cache
+  bucket and a stop string. (About a minute: three models' programs.)"""
+  got = decode_golden.generate_cases()
+  assert set(got) == {k for k in GOLDEN if not k.startswith("engine_")}
+  for name, out in got.items():
+    want = GOLDEN[name]
+    assert out["tokens"] == want["tokens"], name
+    assert out["reasons"] == want["reasons"], name
+    for a, b in zip(out["logprobs"], want["logprobs"]):
+      np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("preset,temperature,pool", [
+    ("tiny", 0.0, "default"), ("tiny", 0.0, "small"), ("tiny", 1.0, "small"),
+    ("mini", 1.0, "small")])
+def test_engine_equals_the_slot_cache(preset, temperature, pool):
+  """The engine's rollouts (6 rows, 4 in flight, calculator calls, false
+  stops) token for token; with the small pool rows are preempted and
+  recomputed, and the behaviour log-probs still equal a teacher-forced
+  pass's. Every page comes back when the rollout ends."""
+  kw = SMALL_POOL if pool == "small" else {}
+  trajs, eng, (cfg, params) = decode_golden.engine_run(preset, temperature,
+                                                       **kw)
+  _same_trajs(decode_golden.trajs_json(trajs),
+              GOLDEN[f"engine_{preset}_{temperature}"])
+  m = eng.metrics
+  if pool == "small":
+    assert m["preempted"] > 0 and m["recomputed_tokens"] > 0
+    assert eng.device.peak_pages <= 32
+  else:
+    assert "preempted" not in m
+  entries, free = eng.device.free()
+  assert entries == 4 and free == (32 if pool == "small" else 4 * 16)
+  if temperature > 0:
+    _teacher_check(cfg, params, trajs, eng.config)
+
+
+def _teacher_check(cfg, params, trajs, rc):
+  fwd = jax.jit(lambda p, t: decoder.forward(p, cfg, t)[0])
+  for traj in trajs:
+    tokens, mask, logps = traj.token_sequence()
+    logits = fwd(params, tokens[None])[0, :-1]
+    n = logits.shape[0]
+    w = distribution.sampling_logits(
+        logits, jnp.full(n, rc.temperature), jnp.full(n, rc.top_k),
+        jnp.full(n, rc.top_p))
+    ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(w, -1)),
+                             tokens[1:, None], 1)[:, 0]
+    m = mask[1:] == 1
+    np.testing.assert_allclose(logps[1:][m], ref[m], atol=2e-4)
+
+
+# --------------------------------------------------------- on the device
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = presets.get_preset("tiny")
+  params = decoder.init_params(cfg, jax.random.key(2))
+  table = decode_golden._table(cfg.vocab_size)  # pylint: disable=protected-access
+  config = SamplerConfig(max_cache_len=128, page_size=16,
+                         batch_buckets=(4,), length_buckets=(32,),
+                         cache_buckets=(64, 128), eos_ids=())
+  return cfg, params, table, config
+
+
+def _rows(prompts, budget):
+  return [PlainRow(i, list(p), budget) for i, p in enumerate(prompts)]
+
+
+def _chunks(dev, rows, n, stop_strings, preempt=()):
+  """`n` decode chunks of every row, preempting `preempt[k]` (row indices)
+  after chunk k: each row's tokens, log-probs and reasons, joined."""
+  out = [([], [], []) for _ in rows]
+  draws = [Draw(7, 1.0, 0, 1.0, i) for i in range(len(rows))]
+  for k in range(n):
+    live = [i for i, (_, _, why) in enumerate(out) if rows[i].budget > 0
+            and (not why or why[-1] == "length")]
+    got, _ = dev.decode([rows[i] for i in live], [draws[i] for i in live],
+                        stop_strings)
+    for i, (t, lp, why) in zip(live, got):
+      out[i][0].extend(t)
+      out[i][1].extend(lp)
+      out[i][2].append(why)
+      rows[i].length += len(t)
+      rows[i].budget -= len(t)
+    for i in (preempt[k] if k < len(preempt) else ()):
+      dev.preempt(rows[i])
+  return out
+
+
+def test_a_preempted_row_continues_as_if_never_preempted(tiny):
+  """Chunks of 5 steps; rows preempted between chunks (their pages freed,
+  tokens kept) are recomputed by their next chunk and give the tokens and
+  log-probs of an unpreempted run, a stop string begun before the
+  preemption and completed after it included."""
+  cfg, params, table, config = tiny
+  s = Sampler(params, cfg, config=config, token_bytes=table)
+  prompts = [np.random.RandomState(i).randint(0, 256, n).tolist()
+             for i, n in enumerate([9, 30, 17])]
+
+  def run(preempt, stop_strings=()):
+    dev = s.device(4, 5, 32)
+    dev.open(3, 3)
+    rows = _rows(prompts, 30)
+    dev.append(rows, fresh=True)
+    for r in rows:
+      r.length = len(r.obs)
+    out = _chunks(dev, rows, 6, stop_strings, preempt)
+    held = sum(len(r.seat.pages) for r in rows)
+    assert dev.free()[1] == dev._P - held  # pylint: disable=protected-access
+    dev.close()
+    return out
+
+  free = run(())
+  # A stop string over tokens 3..6 of row 1: it starts in the first chunk
+  # and ends in the second, across the preemption.
+  text = [table[t] for t in free[1][0]]
+  stop = (text[3][-1:] + b"".join(text[4:6]) + text[6][:1]).decode()
+  assert stop not in b"".join(text[:6]).decode()
+  want = run((), (stop,))
+  got = run(([1], [0, 2], [1]), (stop,))
+  assert [t for t, _, _ in got] == [t for t, _, _ in want]
+  assert [w[-1] for _, _, w in got] == [w[-1] for _, _, w in want]
+  assert want[1][2][-1] == "stop" and len(want[1][0]) > 5
+  for (_, a, _), (_, b, _) in zip(got, want):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_one_program_serves_any_rows(tiny):
+  """Decoding other rows, in other entries and pages, compiles nothing;
+  the decode program does not grow with its rows (they are arrays, not
+  unrolled), where the slot cache's grew by a slice and an update a row."""
+  cfg, params, table, config = tiny
+  s = Sampler(params, cfg, config=config, token_bytes=table)
+  dev = s.device(4, 4, 32)
+  dev.open(8, 8)
+  prompts = [np.random.RandomState(i).randint(0, 256, 20).tolist()
+             for i in range(8)]
+  rows = _rows(prompts, 12)
+  dev.append(rows, fresh=True)
+  dev.decode(rows[:4], [Draw(0)] * 4, ())
+  with compile_events.counting() as compiles:
+    dev.decode(rows[4:], [Draw(1)] * 4, ())
+    dev.decode(rows[2:6], [Draw(2)] * 4, ())
+  assert not compile_events.cache_programs(compiles)
+  dev.close()
+  sizes = {}
+  for batch in (8, 64):
+    big = s.device(batch, 4, 32)
+    program = big.lowerable(batch, ())["decode"].lower()
+    sizes[batch] = len(program.as_text())
+  assert sizes[64] < 1.05 * sizes[8], sizes
+
+
+# ------------------------------------------------------------- kernels
+
+
+def _pool(cfg, seed=0, pages_=16, page=8, bf16_exact=False):
+  rng = np.random.RandomState(seed)
+  x = lambda *s: jnp.asarray(rng.randn(*s), jnp.float32)
+  kp, vp = (x(cfg.num_kv_heads, pages_, page, cfg.head_dim) for _ in "kv")
+  if bf16_exact:  # Values a bf16 matmul pass multiplies exactly.
+    kp, vp = (a.astype(jnp.bfloat16).astype(jnp.float32) for a in (kp, vp))
+  return kp, vp, rng
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_pallas_kernels_match_the_reference(backend, softcap):
+  """JAX's Pallas paged-attention kernels, in their interpreters on the
+  CPU, against the decoder's attention over the gathered pages (the xla
+  path's): rows of lengths inside a page, at a page's end and across
+  pages, in pages out of order. The TPU kernel multiplies in bf16 passes
+  (its default precision): its inputs are bf16 values, which such a pass
+  multiplies exactly."""
+  cfg = presets.get_preset("tiny").replace(attn_logit_softcap=softcap)
+  kp, vp, rng = _pool(cfg, bf16_exact=backend == "tpu")
+  table = jnp.asarray(rng.permutation(16)[:12].reshape(3, 4), jnp.int32)
+  lengths = jnp.asarray([5, 16, 29], jnp.int32)
+  q = jnp.asarray(rng.randn(3, 1, cfg.num_heads, cfg.head_dim), jnp.float32)
+  if backend == "tpu":
+    q = q.astype(jnp.bfloat16).astype(jnp.float32)
+  k, v = paged.gather(kp, vp, table)
+  mask = (jnp.arange(32)[None] < lengths[:, None])[:, None, :]
+  want = attention.attend(cfg, q, k, v, mask, keys_last=True)
+  if backend == "tpu":
+    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+    with pltpu.force_tpu_interpret_mode():
+      got = paged.attend_pages(cfg, q, kp, vp, table, lengths, "tpu")
+  else:
+    got = paged.attend_pages(cfg, q, kp, vp, table, lengths, "gpu")
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["xla_pages", "pallas"])
+def test_every_decode_path_gives_the_reference_tokens(tiny, impl):
+  """`generate` with the pages read each step (gathered, or by the GPU
+  kernel in its interpreter) gives the xla path's tokens and log-probs;
+  a sliding-window model's 'pallas' decodes with xla_pages."""
+  cfg, params, table, config = tiny
+  prompts = [np.random.RandomState(i).randint(0, 256, n).tolist()
+             for i, n in enumerate([3, 21, 40])]
+  kw = dict(max_new_tokens=[12, 30, 20], temperature=1.0, seed=4)
+  want = Sampler(params, cfg, config=config).generate(prompts, **kw)
+  got = Sampler(params, cfg.replace(paged_attention_impl=impl),
+                config=config).generate(prompts, **kw)
+  assert got.tokens == want.tokens
+  for a, b in zip(got.logprobs, want.logprobs):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  gemma = cfg.replace(family="gemma2", sliding_window=4, layer_types=(
+      "sliding_attention", "full_attention"), paged_attention_impl=impl)
+  assert paged.resolve(gemma) == "xla_pages"
+
+
+def test_pool_sizes_are_checked(tiny):
+  cfg, params, table, config = tiny
+  s = Sampler(params, cfg, config=config)
+  with pytest.raises(ValueError, match="cannot hold one row"):
+    s.device(4, 4, 32).open(4, 4, pages=7)  # A row at 128 needs 8 of 16.
+  with pytest.raises(ValueError, match="page_size"):
+    SamplerConfig(page_size=48)  # 256 is no multiple of it.
+  dev = s.device(4, 4, 32)
+  dev.open(4, 4, pages=8)
+  rows = _rows([[1] * 100, [2] * 60], 4)
+  assert not dev.reserve(rows, [100, 60])  # 7 + 4 pages: all or nothing.
+  assert dev.free() == (4, 8) and all(r.seat is None for r in rows)
+  with pytest.raises(RuntimeError, match="reserve them first"):
+    dev.append(rows, fresh=True)
+  dev.close()
