@@ -46,7 +46,9 @@ setuptools.setup(
     version="0.1.0",
     description="Step-wise and multi-turn RL for tool-using LM agents in JAX",
     packages=setuptools.find_packages(include=["swirl_jax", "swirl_jax.*"]),
-    python_requires=">=3.10",
+    license="Apache-2.0",
+    # Tested on 3.11; JAX needs 3.11 or newer from 0.7 on.
+    python_requires=">=3.11",
     install_requires=CORE,
     extras_require=EXTRAS,
 )

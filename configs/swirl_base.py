@@ -22,11 +22,13 @@ model served over HTTP (`JUDGE_MODEL` on a vLLM server at
 `judge.base_url`; any OpenAI-compatible endpoint with
 `--config.judge.model_name=...`). The bundled SmolLM2-135M as judge
 (judge=model; with the default policy, the policy judging itself) is the
-CPU runs' default only: at that size the README's calibration shows it
-calls every step BAD (kappa 0). Stage 2's advantage is the reward itself, as the paper's objective
-E[R(a|s)] states it; the CPU runs keep the mean baseline over a state's
-samples. Every value that stays different from the paper, and why: the
-README's "Differences from the papers".
+CPU runs' default only: at that size it calls every step BAD, so with it
+`runlocal` sets the filter to `none` (every step trained on) where the
+paper's process filter would keep nothing. Stage 2's advantage is the
+reward itself, as the paper's objective E[R(a|s)] states it; the CPU runs
+keep the mean baseline over a state's samples. Every value that stays
+different from the paper, and why: "Differences from the papers" in
+docs/differences.md.
 
 Args: model (preset), checkpoint, judge (model | http | programmatic; ''
 = http with JUDGE_MODEL, or model with runlocal), runlocal, seed.
@@ -42,7 +44,7 @@ from swirl_jax.training import trainer as trainer_lib
 
 ARGS = dict(model="smollm2_135m", checkpoint="", judge="",
             runlocal=False, seed=0)
-# The paper settings' judge and reward model (README, Differences).
+# The paper settings' judge and reward model (docs/differences.md).
 JUDGE_MODEL = "Qwen/Qwen2.5-72B-Instruct"
 # configs/swirl_<data>.py, for the ablations' `data` arg.
 DATA = ("gsm8k", "hotpotqa", "synthetic_arith", "synthetic_multihop")
@@ -140,7 +142,12 @@ def get_config(arg=None):
 
 def _cpu_sizes(c) -> None:
   c.data.train_limit, c.data.eval_limit = 16, 16
-  c.stage2.advantage = "mean"  # The CPU runs' baseline (README results).
+  c.stage2.advantage = "mean"  # A baseline over a state's samples.
+  if c.judge.kind == "model":
+    # The bundled 135M model judging its own steps calls every one BAD, so
+    # the process filter would keep none: stage 2 and SFT take every step
+    # (the judge's labels still go to filter/report.json).
+    c.filter.strategy = "none"
   c.sampler.max_cache_len = 2048
   c.stage1.update(samples=2, tasks_per_batch=8, max_new_tokens=96,
                   max_response_tokens=512)

@@ -11,14 +11,16 @@ vLLM at judge.base_url (`vllm serve Qwen/Qwen2.5-72B-Instruct`), or any
 OpenAI-compatible endpoint (--config.judge.model_name=...,
 --config.reward.model_name=...).
 
-CPU (SmolLM2-135M-Instruct, the policy judging itself; tiny sizes):
+CPU (SmolLM2-135M-Instruct, the policy judging itself; tiny sizes; that
+judge calls every step BAD, so stage 2 and SFT train on every step, filter
+`none`):
 
   python -m swirl_jax.main --config=configs/swirl_gsm8k.py:runlocal \
       --workdir=/tmp/swirl_gsm8k_cpu
 
 SWiRL's own settings (sampling, judge, filter, stage 2, SFT, CPU sizes) are
-in configs/swirl_base.py (what differs from the paper: the README's
-"Differences from the papers"); this file adds the data, the tool and the
+in configs/swirl_base.py (what differs from the paper: "Differences from
+the papers", docs/differences.md); this file adds the data, the tool and the
 step cap. Args: model (preset), checkpoint, judge (model | http | programmatic),
 runlocal, seed. Run one stage with `--config.stages=rl,eval`-style
 overrides or the `swirl_<stage>` jobs.

@@ -1,18 +1,28 @@
-"""Every command the README and the configs' docstrings show, run as a
-newcomer runs it: in a fresh `git clone` of this checkout, without a data
-directory, `$HOME` and `/tmp` paths moved into the test's own directory.
+"""Every command the README, the docs/ pages, launch/README.md and the
+configs' docstrings show, run as a newcomer runs it: in a fresh `git clone`
+of this checkout, without a data directory, `$HOME` and `/tmp` paths moved
+into the test's own directory.
 
 Each command ends with status 0, or with status 2 and one `error: ...`
-line (no traceback) where what it needs is absent: data files (the line
-names the fetch command), a checkpoint, a directory of an earlier run, the
-network (the data job runs with HF_HUB_OFFLINE=1). The launchers run with
-DRY_RUN=1.
+line (no traceback) that names something absent a newcomer brings
+(`ABSENT`): a data file (the line names the fetch command), a model
+checkpoint, a directory an earlier run makes, the network (the data job
+runs with HF_HUB_OFFLINE=1). Any other failure fails, e.g. a CPU pipeline
+whose filter keeps no step. The launchers run with DRY_RUN=1.
 
-Commands are parsed from the docs, so a new one is run too; `RULES` says
+Commands are parsed from the pages, so a new one is run too; `RULES` says
 how each kind runs. Runs of minutes (the demos, the CPU pipelines on
 synthetic data, the fit job, benchmarks) are marked long and run only with
 SWIRL_JAX_LONG_COMMANDS=1, at smoke size where a config has one; the demos
 at smoke size are also run by tests/test_demo.py and tests/test_simpletir.py.
+In that mode every command gets the data directory when one is found
+(`paths.default_data_dir()`), so the CPU pipelines (`runlocal`) run to
+their end.
+
+The pages are also checked for what they name: every repository path
+(`swirl_jax/...`, `configs/...`, `docs/...`, ...) and every relative link
+(with its #anchor) must exist, and the README's docs index must link every
+page of docs/.
 """
 
 import ast
@@ -33,11 +43,15 @@ LONG = os.environ.get("SWIRL_JAX_LONG_COMMANDS") == "1"
 # a python command without a match runs.
 RULES = (
     ("pip install", "skip: the installation itself (CI runs it)"),
+    ("-m pytest", "skip: the test suite itself"),
+    ("apt-get", "skip: installs system packages"),
     ("configs/<x>.py", "skip: the command's form, not a command"),
     ("export SWIRL_JAX_DATA", "skip: sets the data directory of a shell"),
+    ("accelerator_gpu.sh", "skip: needs an NVIDIA GPU"),
     ("python benchmarks/", "long"),
     ("--config.job=fit", "long"),
     ("configs/demo.py:seeds=3", "long:,smoke"),
+    ("configs/demo.py:smoke", "long"),
     ("--config.job=judge_calibration", "long"),
     ("configs/demo.py --workdir=$W", "long"),  # Ablations on the demo.
     ("configs/demo.py", "long::smoke"),
@@ -46,6 +60,23 @@ RULES = (
     ("swirl_synthetic_arith.py:runlocal", "long"),
     ("swirl_synthetic_multihop.py:runlocal", "long"),
 )
+
+# What a newcomer may lack, as the error line names it: a command that
+# ends with status 2 must say one of these.
+ABSENT = (
+    "missing file",  # A data file; the line names the fetch command.
+    "no data directory",
+    "checkpoint is missing",
+    # A directory an earlier run makes:
+    "not a SimpleTIR training workdir", "no exported policy",
+    "run stage1 first",
+    "HF_HUB_OFFLINE",  # The network, for the data job.
+)
+
+# The pages whose commands and paths are checked.
+PAGES = ("README.md", "launch/README.md",
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob(
+             "*.md")))
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -69,12 +100,16 @@ def _logical_lines(text: str) -> list[str]:
   return out
 
 
-def readme_commands() -> list[str]:
-  text = (ROOT / "README.md").read_text()
-  fence = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-  cmds = [c for lang, body in fence.findall(text) if lang == "bash"
+_FENCE = re.compile(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", re.M | re.S)
+
+
+def page_commands(page: str) -> list[str]:
+  """The commands of a page: its bash blocks, and `python -m ...` or
+  `python benchmarks/...` code spans in its prose."""
+  text = (ROOT / page).read_text()
+  cmds = [c for lang, body in _FENCE.findall(text) if lang == "bash"
           for c in _logical_lines(body)]
-  prose = fence.sub("", text)
+  prose = _FENCE.sub("", text)
   cmds += [" ".join(m.split()) for m in
            re.findall(r"`(python -m [^`]+|python benchmarks/[^`]+)`", prose)]
   return cmds
@@ -90,7 +125,8 @@ def docstring_commands() -> list[str]:
 
 
 def commands() -> list[str]:
-  return list(dict.fromkeys(readme_commands() + docstring_commands()))
+  cmds = [c for page in PAGES for c in page_commands(page)]
+  return list(dict.fromkeys(cmds + docstring_commands()))
 
 
 def rule(cmd: str) -> str:
@@ -122,16 +158,24 @@ def _prepared(cmd: str, how: str, base: pathlib.Path) -> str:
   return re.sub(r"(^|[;\s])python3? ", rf"\g<1>{sys.executable} ", cmd)
 
 
+def _data_dir() -> str:
+  """The data directory long runs get ('' where none is found)."""
+  from swirl_jax import paths  # pylint: disable=g-import-not-at-top
+  return paths.default_data_dir() or ""
+
+
 def _env(base: pathlib.Path) -> dict:
   env = {k: v for k, v in os.environ.items()
          if k not in ("SWIRL_JAX_DATA", "PYTHONPATH")}
+  if LONG and _data_dir():
+    env["SWIRL_JAX_DATA"] = _data_dir()
   return dict(env, HOME=str(base / "home"), PYTHONPATH=str(base /
                                                           "swirl_jax"),
               HF_HUB_OFFLINE="1", DRY_RUN="1", SWIRL_JAX_SKIP_FIT_CHECK="1")
 
 
 def _check(proc, cmd: str) -> None:
-  """Status 0, or 2 with each failing run's `error:` line alone."""
+  """Status 0, or 2 with one `error:` line, last, naming what is absent."""
   out = (proc.stdout + proc.stderr)[-3000:]
   assert "Traceback" not in proc.stderr, f"{cmd}\n{out}"
   assert proc.returncode in (0, 2), f"{cmd}: status {proc.returncode}\n{out}"
@@ -140,13 +184,16 @@ def _check(proc, cmd: str) -> None:
   if proc.returncode == 2:
     last = proc.stderr.rstrip("\n").splitlines()[-1]
     assert last.startswith("error: "), f"{cmd}\n{out}"
+    assert any(a in last for a in ABSENT), (
+        f"{cmd}: fails for a reason other than something absent "
+        f"({', '.join(ABSENT)}):\n{last}")
 
 
 def test_commands_are_found_and_classified():
   cmds = commands()
   assert len(cmds) >= 25, cmds
   for c in cmds:
-    ok = re.match(r"(python|pip|for |launch/|export |\w+=)", c)
+    ok = re.match(r"(python|pip|apt-get|for |launch/|export |\w+=)", c)
     assert ok, f"a documented command no rule runs: {c}"
   assert any("configs/chat.py" in c for c in cmds)
   assert any(c.startswith("launch/") for c in cmds)
@@ -168,3 +215,72 @@ def test_documented_command(cmd, clone):
                         env=_env(clone), capture_output=True, text=True,
                         timeout=3600 if LONG else 300, check=False)
   _check(proc, cmd)
+
+
+# ------------------------------------------------------ what pages name
+
+# A repository path in prose or code: `swirl_jax/...`, `configs/...`, ...
+_PATH = re.compile(r"(?<![\w./-])((?:swirl_jax|configs|benchmarks|tests|"
+                   r"docs|launch|colabs)/[\w./-]*)")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+  """The anchor GitHub gives a Markdown heading."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+  text = _FENCE.sub("", path.read_text())
+  return {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def _broken_links(page: str) -> list[str]:
+  """The relative links of `page` whose file or #anchor does not exist."""
+  src = ROOT / page
+  broken = []
+  for target in _LINK.findall(src.read_text()):
+    if re.match(r"\w+:", target):  # http:, https:, mailto:
+      continue
+    file, _, anchor = target.partition("#")
+    path = (src.parent / file).resolve() if file else src
+    if not path.exists():
+      broken.append(target)
+    elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+      broken.append(target)
+  return broken
+
+
+def test_pages_name_only_files_that_exist():
+  missing = [(page, p) for page in PAGES
+             for p in _PATH.findall((ROOT / page).read_text())
+             if not (ROOT / p.rstrip(".")).exists()]
+  assert not missing, missing
+  broken = [(page, link) for page in PAGES for link in _broken_links(page)]
+  assert not broken, broken
+
+
+def test_a_missing_file_or_anchor_is_caught(tmp_path, monkeypatch):
+  """The checks above on a page that names what is not there."""
+  page = tmp_path / "docs" / "page.md"
+  page.parent.mkdir()
+  page.write_text("# Top\n\nSee `configs/nonesuch.py`, [top](#top), "
+                  "[gone](#gone) and [file](other.md).\n")
+  monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+  assert _PATH.findall(page.read_text()) == ["configs/nonesuch.py"]
+  assert _broken_links("docs/page.md") == ["#gone", "other.md"]
+
+
+def test_readme_docs_index_links_every_page():
+  readme = (ROOT / "README.md").read_text()
+  index = readme.split("\n## Docs\n", 1)[1].split("\n## ", 1)[0]
+  linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", index))
+  pages = {p for p in PAGES if p.startswith("docs/")}
+  assert pages and linked == pages, (sorted(linked), sorted(pages))
+
+
+def test_each_docs_page_opens_with_what_it_is_for():
+  for page in PAGES:
+    if page.startswith("docs/"):
+      first = (ROOT / page).read_text().split("\n\n")[1]
+      assert first.startswith("This page is for"), (page, first[:80])

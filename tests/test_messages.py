@@ -140,6 +140,7 @@ def test_log_lines_and_errors_never_share_a_bar_line(tmp_path):
 def test_a_filter_that_keeps_nothing_says_why_in_one_line(tmp_path):
   c = config_lib.load_config_module(
       str(REPO / "configs" / "swirl_gsm8k.py")).get_config("runlocal")
+  c.filter.strategy = "process"  # runlocal's model judge trains on all.
   out = tmp_path / "filter"
   out.mkdir()
   (out / "units_process.jsonl").touch()
