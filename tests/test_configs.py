@@ -141,7 +141,7 @@ def test_derived_steps_at_full_size():
      200 * 64),
     ("configs/simpletir_math.py:runlocal", (), 8 * (4 * 4 // 8)),
     ("configs/simpletir_demo.py", ("--config.train.mini_batch_size=32",),
-     16 * (16 * 8 // 32)),
+     10 * (16 * 8 // 32)),
     ("configs/simpletir_math.py", ("--config.train.num_steps=7",), 7),
 ])
 def test_simpletir_derived_steps_follow_overrides(config, overrides, want):

@@ -183,13 +183,17 @@ def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
   want = ref.run(tasks)
   with compile_events.counting() as compiles:
     _same(want, eng.run(tasks))
-  prefixes = eng.device.prefixes()  # Pages of 64 tokens.
-  assert prefixes == [0, 4, 6, 8]
-  # Pieces of 16 or 32 tokens; 1 or 2 decode rows (the oracle's pool of
-  # as many rows has been allocated already).
+  dev = eng.device
+  # Pieces of 16 or 32 tokens, each at the prefixes (pages of 64 tokens)
+  # a program of that many new tokens may read; 1 or 2 decode rows at a
+  # chunk's prefixes but none (the oracle's pool of as many rows has been
+  # allocated already).
+  assert dev.pieces() == [16, 32]
+  prefixes = {T: dev.prefixes(T) for T in (16, 32, 4)}
+  assert prefixes == {T: [0, 4, 6, 8] for T in (16, 32, 4)}
   assert compile_events.cache_programs(compiles) == {
-      "jit(append)": len(prefixes) * 2,
-      "jit(decode)": (len(prefixes) - 1) * 2}
+      "jit(append)": len(prefixes[16]) + len(prefixes[32]),
+      "jit(decode)": (len(prefixes[4]) - 1) * 2}
   assert max(k[2] for k in eng.shapes if k[0] == "append") == 32
   assert min(len(t.prompt_ids) for t in want) > 32
   eng.config = dataclasses.replace(rc, seed=11)

@@ -321,14 +321,14 @@ def test_simpletir_eval_evaluates_the_trained_policy(demo_runs, tmp_path):
     assert f"policy {name}, weights {want}" in proc.stderr
     assert f"weights {want}" in (off / "eval" / name /
                                  "results.md").read_text()
-    out[name] = summary["results"]["synthetic_arith:test"]
+    out[name] = summary["results"]["synthetic_compute:test"]
     assert {"avg@2", "pass@2"} <= set(out[name])
   # Same prompts and seeds; other weights give other log-probs.
   assert out["trained"]["token_logp"] != out["base"]["token_logp"]
   both = json.loads((off / "eval" / "results.json").read_text())
   assert {k: v["weights"] for k, v in both.items()} == {
-      "trained synthetic_arith:test": str(off / "hf"),
-      "base synthetic_arith:test": str(on / "warmstart" / "hf")}
+      "trained synthetic_compute:test": str(off / "hf"),
+      "base synthetic_compute:test": str(on / "warmstart" / "hf")}
   table = (off / "eval" / "results.md").read_text()
   assert "| policy dataset | avg@2 | pass@2 |" in table
   assert f"policy base: weights {on / 'warmstart' / 'hf'}" in table
