@@ -10,8 +10,9 @@ filter on and off) from the same warm start (the first arm makes it, the
 others reuse its export), then evaluates the warm-started base policy and
 each arm's final policy on the held-out problems (`config.eval`: its
 datasets, `limit` problems, `k` samples at `temperature`). The table
-(`evaluation/seeds.py`) has each policy's avg@k / pass@k and its paired
-gain over the base; `seeds_curves.png` the reward, void rate and update
+(`evaluation/seeds.py`) has each policy's avg@k / pass@k, void rate and
+share of samples that run code and are right (`tool_solved_rate`), and
+their paired gain over the base; `seeds_curves.png` the reward, void rate and update
 grad-norm per iteration, a line per seed and arm; `seeds_heldout.png` the
 held-out avg@k per seed.
 """
@@ -105,7 +106,8 @@ def plot(c, workdir, per_seed: dict) -> None:
 def run(c, workdir):
   k = c.eval.k
   out = seeds_lib.run(c, workdir, run_seed=run_seed, read_seed=read_seed,
-                      metrics=(f"avg@{k}", f"pass@{k}", "void_rate"))
+                      metrics=(f"avg@{k}", f"pass@{k}", "void_rate",
+                               "tool_solved_rate"))
   if out is None:  # One seed of several (only_seed).
     return None
   plot(c, workdir, {int(s): r for s, r in out["per_seed"].items()})
