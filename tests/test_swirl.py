@@ -249,7 +249,8 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
   # turn a question, the same for all three (recorded from two runs).
   want = dict(n=2.0, accuracy=0.0, f1=0.0, answered=0.0, steps=2.0,
               process_correctness=0.0, turns=1.0, response_len=12.0,
-              void_rate=1.0, turn_cap_rate=0.0, overlong_rate=0.0)
+              void_rate=1.0, turn_cap_rate=0.0, overlong_rate=0.0,
+              tool_use_rate=0.0, tool_solved_rate=0.0)
   assert res == {"base": want, "rl": want, "sft": want}
   assert json.loads((tmp_path / "eval" / "weights.json").read_text()) == {
       "base": "", "rl": str(tmp_path / "rl" / "hf"),
