@@ -113,6 +113,30 @@ def test_split_grad_norms_equal_a_direct_backward_on_each_side(tiny):
   assert got["grad_norm_void"] > 0 and got["grad_norm_kept"] > 0
 
 
+def test_split_grad_norms_with_tis_weigh_by_the_trainers_logprobs(tiny):
+  """With `loss.tis_cap` (staleness needs it) the probe's batches carry no
+  old log-probs: it takes the trainer's under the params, as the update
+  does, and each side's norm is that direct backward's."""
+  cfg, params, _, _ = tiny
+  mesh = shd.make_mesh([("data", -1), ("fsdp", 1), ("tensor", 1)])
+  loss_cfg = step_lib.default_loss_config()
+  loss_cfg.update(kind="clipped_surrogate", tis_cap=2.0)
+  probe = probes.Probe(cfg, mesh, jax.tree.map(lambda x: x.sharding, params),
+                       loss_cfg)
+  trajs = _batch_trajs()
+  g = grpo.GroupConfig(group_size=4, accuracy_band=None)
+  fig = grpo.figures(trajs, g)
+  rows, adv, _ = grpo.select_rows(fig, g)
+  got = stages.split_grad_norms(probe, params, trajs, fig, rows, adv, g)
+  b = grpo.make_batch(trajs, rows, adv, mini_batch_size=1)
+  b = {k: np.asarray(v) for k, v in b.items()}
+  b["old_logprobs"] = np.asarray(probe.logprobs(params, b))
+  f = lambda p: step_lib.policy_loss(p, cfg, loss_cfg, b)[0]
+  assert got["grad_norm_kept"] == pytest.approx(
+      float(optax.tree.norm(jax.grad(f)(params))), rel=1e-5)
+  assert got["grad_norm_void"] > 0
+
+
 def _sampled_batch(params, cfg, tok, dtype):
   """Sampled continuations, scored by a sampler running in `dtype`."""
   sampler = Sampler(params, dataclasses.replace(cfg, dtype=dtype), tok,

@@ -89,7 +89,11 @@ class Probe:
     return {k: float(v) for k, v in jax.device_get(m).items()}
 
   def grad_norm(self, params, batch) -> float:
-    """Global norm of the loss gradient on `batch` (one backward)."""
+    """Global norm of the loss gradient on `batch` (one backward). With
+    TIS, the old log-probs are the trainer's under `params` where the
+    batch has none, as the update's are."""
+    if self.tis and batch.get("old_logprobs") is None:
+      batch = dict(batch, old_logprobs=self.logprobs(params, batch))
     b = len(batch["tokens"])
     spec = shd.logical_to_spec(("batch",), (b,), self.mesh, self.rules)
     sharding = NamedSharding(self.mesh, spec)
