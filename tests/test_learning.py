@@ -98,21 +98,25 @@ def test_grpo_clipped_surrogate_learns_a_contextual_bandit(tmp_path):
   """GRPO (group advantages, clipped surrogate, one on-policy step per
   batch) on a one-token bandit: context k rewards the 16 tokens of its
   block (1/16 of the vocabulary). Their probability goes from chance
-  (0.06) to >= 0.8 in 30 updates (about 0.99 when correct).
+  (0.06) to >= 0.8 in 40 updates (0.93 and 0.95 under two float
+  roundings of the same run, whose draws part at the 5th update). At lr
+  1e-2 a context can collapse onto a wrong token (its group's rewards all
+  0, so no signal): 0.75 or 0.95 depending on such rounding, too close to
+  the bound.
 
-  Breaks under: flipped advantage sign (the mass falls to ~0.001); loss
+  Breaks under: flipped advantage sign (the mass falls towards 0); loss
   mask shifted by one token, or behaviour log-probs from the wrong
   position (either way the first update's importance ratios are far from
   1, though the batch is on-policy: `_check_on_policy`).
   """
   cfg, params = _tiny()
-  trainer = trainer_lib.Trainer(_config("clipped_surrogate", 1e-2),
+  trainer = trainer_lib.Trainer(_config("clipped_surrogate", 5e-3),
                                 str(tmp_path), cfg, params=params)
   sampler = Sampler(trainer.sampling_params(), cfg,
                     config=SamplerConfig(max_cache_len=64))
   start = _mass(trainer.policy_params(), cfg, REWARDED)
   prompts = [CONTEXTS[k] for k in range(K) for _ in range(G)]
-  for it in range(30):
+  for it in range(40):
     sampler.params = trainer.sampling_params()
     res = sampler.generate(prompts, max_new_tokens=1, temperature=1.0,
                            seed=[it * K * G + i for i in range(K * G)])
