@@ -17,9 +17,10 @@ import pytest
 import compile_events
 import decode_golden
 from swirl_jax.models import attention, decoder, paged, presets
-from swirl_jax.sampling import distribution, pages
+from swirl_jax.sampling import pages
 from swirl_jax.sampling.device import Draw, PlainRow
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
+from test_engine import _teacher_check  # Behaviour = teacher-forced.
 
 GOLDEN = json.loads(decode_golden.PATH.read_text())
 # A pool too small for the engine's 4 rows in flight: 512-token rows of
@@ -76,21 +77,6 @@ def test_engine_equals_the_slot_cache(preset, temperature, pool):
   assert entries == 4 and free == (32 if pool == "small" else 4 * 16)
   if temperature > 0:
     _teacher_check(cfg, params, trajs, eng.config)
-
-
-def _teacher_check(cfg, params, trajs, rc):
-  fwd = jax.jit(lambda p, t: decoder.forward(p, cfg, t)[0])
-  for traj in trajs:
-    tokens, mask, logps = traj.token_sequence()
-    logits = fwd(params, tokens[None])[0, :-1]
-    n = logits.shape[0]
-    w = distribution.sampling_logits(
-        logits, jnp.full(n, rc.temperature), jnp.full(n, rc.top_k),
-        jnp.full(n, rc.top_p))
-    ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(w, -1)),
-                             tokens[1:, None], 1)[:, 0]
-    m = mask[1:] == 1
-    np.testing.assert_allclose(logps[1:][m], ref[m], atol=2e-4)
 
 
 # --------------------------------------------------------- on the device
