@@ -38,6 +38,9 @@ With one process they all reduce to the plain local operation.
 One module (~670 lines) on purpose: the checks, exchanges and writers share
 the one rule above (every host runs the same collectives in the same
 order), which is easier to keep when it is read in one place.
+
+One module: every function here rests on the same host order, seed mixing
+and all-gather, and a job uses most of them together.
 """
 
 import contextlib

@@ -31,6 +31,10 @@ as `enable_thinking=False` are set once per tokenizer
 Size: about 450 lines, one class whose methods share its backend, specials
 and template state; the vocabulary pipelines and the GGUF conversion are
 already their own modules (tokenizer_pipeline.py, gguf_tokenizer.py).
+
+One module: the segment and mask contract below spans loading, chat
+rendering, learnt vocabularies and saving; split, the invariant would sit
+apart from the code that keeps it.
 """
 
 import copy

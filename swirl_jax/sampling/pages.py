@@ -25,6 +25,10 @@ tokens kept, and the next program a preempted row is in first recomputes
 its cache from its tokens (a prefill). `DataGroups` runs one per data
 group of a decode mesh. `Sampler.generate` and the rollout engine both
 decode with them.
+
+One module: the programs, the device and its page bookkeeping share the
+`Layout` and the row/page arithmetic; the bookkeeping decides the arrays
+the programs take.
 """
 
 import collections

@@ -16,6 +16,10 @@ One module (~480 lines) on purpose: each stage is a short function over
 helpers most of them share (`_tasks`, `_judge`, `_base`, `_policy_cfg`,
 the judged-label cache); a module per stage would scatter those helpers
 or import them back across stages.
+
+One module: the stage table above and each stage's short runner are the
+pipeline's whole control flow; the stages' work lives in their own
+modules.
 """
 
 import dataclasses

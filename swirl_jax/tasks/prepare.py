@@ -42,6 +42,9 @@ index is built when missing. MuSiQue is read by `datasets.load_musique`
 One module (~450 lines) on purpose: a table of products, each a few-line
 row converter and reader, over the one download / manifest / index
 mechanism they all go through, read top to bottom.
+
+One module: each source's pin (`SOURCES`) sits beside the converter that
+writes its layout, so a source's fetch and format read in one place.
 """
 
 import dataclasses

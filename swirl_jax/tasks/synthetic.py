@@ -33,6 +33,11 @@ Five families, each fully determined by its seed:
 (`<math_exp>` / `<search_query>` steps, then `<answer>`), or for arithmetic
 in SimpleTIR's (```python blocks, then `\\boxed{}`), with the
 observations a tool would return, for use as demonstrations.
+
+One module: the five families share the template machinery
+(`_template_task`, `OPS`, `spaced_expression`), the hash splits and the
+solution-graph format; apart, each would import the others' private
+helpers.
 """
 
 import hashlib
