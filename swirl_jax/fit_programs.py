@@ -261,9 +261,11 @@ def measure_sampler(setup: Setup, cfg, memory_fn) -> dict:
       e.decode_batch, e.chunk_steps, e.append_tokens), e.slots, e.pages)}
   if setup.sampler_rows:  # As `Sampler.generate` sizes its device.
     rows = bucket(-(-setup.sampler_rows // d), sc.batch_buckets)
+    limit = min(bucket(setup.prompt_len + setup.decode_steps,
+                       sc.cache_buckets), sc.max_cache_len)
     devices[("prefill", "decode")] = (sampler.device(
         rows, bucket(setup.decode_steps, sc.step_buckets),
-        min(bucket(setup.prompt_len, sc.length_buckets), sc.max_cache_len)),
+        min(bucket(setup.prompt_len, sc.length_buckets), limit), limit),
                                       rows, 0)
   figs = {}
   for names, (device, rows, pages) in devices.items():

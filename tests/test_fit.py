@@ -199,6 +199,12 @@ def test_fit_lowers_the_programs_the_config_runs():
   assert pool["kv"]["tables"] == base["kv"]["tables"]
   gen = figures(stage2=True)
   assert gen["prefill"]["peak"] > 0 and gen["decode"]["peak"] > 0
+  # `generate` sizes its pool by its rows' prompt and budget (16 + 4
+  # tokens: the first cache bucket), not by the cache length.
+  gen = figures(stage2=True, sampler=dict(max_cache_len=256))
+  roomy = figures(stage2=True, sampler=dict(max_cache_len=1024))
+  assert roomy["decode"]["args"] == pytest.approx(gen["decode"]["args"])
+  assert roomy["decode_chunk"]["args"] > gen["decode_chunk"]["args"]
 
 
 def test_capacity_counts_rows_of_slots_and_of_pages():
