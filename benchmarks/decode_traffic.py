@@ -37,9 +37,10 @@ what its matmuls read (weights, K/V) to float32 first, each conversion
 counted: float32 shows the programs' own traffic. So each side is
 measured twice, at --context and at a context of one page: the difference
 is what a step moves for the context, against the live K/V it adds, read
-once (`kv_vs_live`). The stores and gathers once a chunk count the whole
-pool (here exactly the rows' pages), though a store writes a chunk's
-tokens alone. Prints one JSON line.
+once (`kv_vs_live`), and the figure at one page, less its floor, is what
+a step moves that is not K/V (`not_kv_gb`). The stores and gathers once a
+chunk count the whole pool (here exactly the rows' pages), though a store
+writes a chunk's tokens alone. Prints one JSON line.
 
   python benchmarks/decode_traffic.py [--before=/path/to/older/checkout] [--rows=64]
       [--context=1024] [--preset=qwen2_5_0_5b]
@@ -216,9 +217,11 @@ def side_by_side(preset: str, cfg, rows: int, context: int,
   """Every figure of one dtype: each side's parts at `context` and at one
   page of context, a step amortised over each of `AMORTISED` chunks, its
   ratio to the floor, and the ratio of what it moves for the context to
-  the live K/V the context adds (in `preset`'s config `cfg`)."""
+  the live K/V the context adds, and what it moves beyond the floor at
+  one page of context, none of it K/V (in `preset`'s config `cfg`)."""
   page = SamplerConfig().page_size
   floor = floor_bytes(cfg, rows, context)
+  floor_short = floor_bytes(cfg, rows, page)
   added = rows * (context - page) * paged.kv_bytes_per_token(cfg)
   parts = {c: pages_figures(cfg, rows, c) for c in (context, page)}
   names = ["xla", "xla_pages"]
@@ -238,6 +241,8 @@ def side_by_side(preset: str, cfg, rows: int, context: int,
       out[f"{name}_gb_chunk_{chunk}"] = gb(b)
       out[f"{name}_vs_floor_chunk_{chunk}"] = round(b / floor, 3)
       out[f"{name}_kv_vs_live_chunk_{chunk}"] = round((b - short) / added, 3)
+      # What a step moves beyond the floor at one page of context: not K/V.
+      out[f"{name}_not_kv_gb_chunk_{chunk}"] = gb(short - floor_short)
   return out
 
 
@@ -262,7 +267,9 @@ def main():
               f"{r[f'xla_gb_chunk_{chunk}']} GB a step, "
               f"{r[f'xla_vs_floor_chunk_{chunk}']}x the floor of "
               f"{r['floor_gb']} GB, its context's K/V "
-              f"{r[f'xla_kv_vs_live_chunk_{chunk}']}x the live K/V; "
+              f"{r[f'xla_kv_vs_live_chunk_{chunk}']}x the live K/V, "
+              f"{r[f'xla_not_kv_gb_chunk_{chunk}']} GB beyond the floor "
+              f"not K/V; "
               f"xla_pages {r[f'xla_pages_gb_chunk_{chunk}']} GB")
       if a.before:
         line += (f"; slots {r[f'slots_gb_chunk_{chunk}']} GB, "

@@ -8,7 +8,9 @@ jobs run (`Sampler.generate`'s prefill and decode, the rollout engine's
 append and decode chunk) on one host's decode mesh, from the abstract
 arguments their device gives (`Device.lowerable`: `jax.ShapeDtypeStruct`s
 carrying their shardings), so nothing the size of a weight is ever
-allocated and a change to a program changes what is measured.
+allocated and a change to a program changes what is measured. Compiled
+on XLA:CPU, a bf16 sampler program's temporaries are its float32
+compile's (`measure_all` says why).
 
 `capacity` says how many rows a data group keeps in flight within the
 chip's memory, for a distribution of context lengths: with today's page
@@ -286,8 +288,19 @@ def measure_all(setup: Setup, layers: int, memory_fn) -> dict:
   """Per-device GiB (args, temp, peak) of each program at `layers`."""
   cfg = setup.cfg_at(layers)
   train, state = measure_train(setup, cfg, memory_fn)
-  return dict(train=train, state=state,
-              **measure_sampler(setup, cfg, memory_fn))
+  sampler = measure_sampler(setup, cfg, memory_fn)
+  if jax.default_backend() == "cpu" and jnp.dtype(cfg.dtype).itemsize < 4:
+    # XLA:CPU converts what a bf16 matmul reads to float32 first, and the
+    # decode loop's weights once for the whole loop: a float32 copy of
+    # every weight and page that an accelerator never makes. The float32
+    # program's temporaries hold every buffer of the bf16 one at its size
+    # or more, and no such copy: an upper bound of the bf16 program's own.
+    wide = measure_sampler(setup, cfg.replace(dtype="float32"), memory_fn)
+    for name, fig in sampler.items():
+      if name != "kv":
+        fig.update(temp=wide[name]["temp"],
+                   peak=fig["peak"] - fig["temp"] + wide[name]["temp"])
+  return dict(train=train, state=state, **sampler)
 
 
 def memory(compiled) -> dict:

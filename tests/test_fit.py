@@ -207,6 +207,26 @@ def test_fit_lowers_the_programs_the_config_runs():
   assert roomy["decode_chunk"]["args"] > gen["decode_chunk"]["args"]
 
 
+def test_bf16_sampler_temporaries_are_the_float32_programs():
+  """XLA:CPU's float32 copies of a bf16 decode's weights are left out: its
+  temporaries are the float32 compile's, less than the bf16 compile's
+  own; its arguments stay the bf16 program's."""
+  c = tiny_job_config()
+  c.model.dtype = "bfloat16"
+  c.engine = dict(slots=4, decode_batch=2, chunk_steps=4, append_tokens=16)
+  setup, figs = fit_programs.measure(c, "cpu", 1)
+  cfg = setup.cfg_at(setup.model_cfg.num_layers)
+  raw = fit_programs.measure_sampler(setup, cfg, fit_programs.memory)
+  wide = fit_programs.measure_sampler(setup, cfg.replace(dtype="float32"),
+                                      fit_programs.memory)
+  for name in ("append", "decode_chunk"):
+    assert figs[name]["temp"] == pytest.approx(wide[name]["temp"]), name
+    assert figs[name]["temp"] < raw[name]["temp"], name
+    assert figs[name]["args"] == pytest.approx(raw[name]["args"]), name
+    assert figs[name]["peak"] == pytest.approx(
+        raw[name]["peak"] - raw[name]["temp"] + wide[name]["temp"]), name
+
+
 def test_capacity_counts_rows_of_slots_and_of_pages():
   """Rows in flight from the measured figures: what a limit leaves after
   the fixed part, over a row's K/V and table entry, slots against pages,
