@@ -4,7 +4,9 @@ Runs `python -m swirl_jax.main --config=<config> --config.job=fit` for each
 (config, model, chip, devices) row below, in a child process each (the fit
 job re-runs itself on that many fake CPU devices), with 2- and 3-layer
 stand-ins of the real width extrapolated to full depth. Prints a Markdown
-table, then one JSON line with every row's figures.
+table, then one JSON line with every row's figures. Rows in flight: what a
+data group holds, contiguous slots against pages, for rows of a quarter
+of the cache length (the fit job's capacity lines).
 
   python benchmarks/fit_table.py [--rows=N,...] [--remat=full]
 
@@ -62,15 +64,16 @@ def main():
   rows = ([ROWS[int(i)] for i in a.rows.split(",")] if a.rows else ROWS)
   out = []
   print("| config | model | target | train peak GiB | sampler peak GiB "
-        "| HBM GiB | fits (<= 90%) |")
-  print("|---|---|---|---|---|---|---|")
+        "| HBM GiB | fits (<= 90%) | rows in flight a group: slots, pages |")
+  print("|---|---|---|---|---|---|---|---|")
   for config, model, chip, devices in rows:
     with tempfile.TemporaryDirectory() as tmp:
       r = fit_row(config, model, chip, devices, a.remat, tmp)
     out.append(r)
     print(f"| `{config}` | `{model}` | {devices} x {chip} | "
           f"{r['train_peak_gib']} | {r['sampler_peak_gib']} | {r['hbm_gib']} "
-          f"| {'yes' if r['fits'] else 'no'} |", flush=True)
+          f"| {'yes' if r['fits'] else 'no'} | {r['rows_slots']}, "
+          f"{r['rows_pages']} ({r['rows_ratio']}x) |", flush=True)
   print(json.dumps({"benchmark": "fit_table", "rows": out}))
 
 
