@@ -287,7 +287,7 @@ def test_simpletir_async_or_oversampled_on_two_hosts_matches_one(
 
 
 def test_simpletir_hosts_exchange_no_trajectories(tmp_path):
-  """One SimpleTIR iteration on two hosts, with turns of ~64 and of ~512
+  """One SimpleTIR iteration on two hosts, with turns of ~64 and of ~256
   tokens: each host keeps the trajectories it rolled out, so the bytes it
   hands to swirl_jax.distributed's exchanges (every host-to-host message
   of the job: row counts, rewards and flags, metrics, checks) are the same
@@ -297,28 +297,28 @@ def test_simpletir_hosts_exchange_no_trajectories(tmp_path):
   built from each host's rows, equals one process's. Three jobs of
   several processes: minutes."""
   got = {}
-  for n in (64, 512):
+  for n in (64, 256):
     out = tmp_path / f"two{n}"
     codes, outputs, _ = _run_pair("simpletir_bytes", out, timeout=600,
                                   RESPONSE_TOKENS=n)
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
     got[n] = [json.loads((out / f"result_{i}.json").read_text())
               for i in (0, 1)]
-  lengths = [got[n][0]["response_len"] for n in (64, 512)]
-  assert 40 < lengths[0] < 160 < 400 < lengths[1], lengths
+  lengths = [got[n][0]["response_len"] for n in (64, 256)]
+  assert 40 < lengths[0] < 120 < 200 < lengths[1], lengths
   for host in (0, 1):
-    assert got[64][host]["bytes"] == got[512][host]["bytes"]
-    assert got[64][host]["calls"] == got[512][host]["calls"]
+    assert got[64][host]["bytes"] == got[256][host]["bytes"]
+    assert got[64][host]["calls"] == got[256][host]["calls"]
     assert got[64][host]["bytes"] < 64 << 10  # Fixed-size checks, mostly.
-    reads = [sorted(got[n][host]["reads"]) for n in (64, 512)]
+    reads = [sorted(got[n][host]["reads"]) for n in (64, 256)]
     assert reads[0] == reads[1] and reads[0]  # Metrics, at least.
     # The largest: a fixed-size check message gathered from both hosts.
     assert max(reads[1]) <= 2 * distributed._MESSAGE_BYTES  # pylint: disable=protected-access
   one = _run_single("simpletir_bytes", tmp_path / "one", timeout=600,
-                    RESPONSE_TOKENS=512)
-  assert len(one["batch"]["tokens"][0]) > 512
+                    RESPONSE_TOKENS=256)
+  assert len(one["batch"]["tokens"][0]) > 256
   for host in (0, 1):
-    assert got[512][host]["batch"] == one["batch"]
+    assert got[256][host]["batch"] == one["batch"]
 
 
 @pytest.mark.slow
