@@ -9,8 +9,8 @@ ending in tok_s, per_s or speedup; else the last run's) and after /
 before. Alternating runs share the machine's drift. Prints a line per
 run, then one JSON line.
 
-  python benchmarks/before_after.py --before=/path/to/older/checkout -- sampler.py
-  python benchmarks/before_after.py --before=/path/to/older/checkout --rounds=2 \
+  python benchmarks/before_after.py --before=OLDER_CHECKOUT -- sampler.py
+  python benchmarks/before_after.py --before=OLDER_CHECKOUT --rounds=2 \
       -- rollout.py --prompts=8
 """
 

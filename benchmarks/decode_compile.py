@@ -13,7 +13,7 @@ so the figures are compile times alone. Prints a line per measurement,
 then one JSON line: seconds by rows for each side, and each side's ratio
 of its most rows to its fewest.
 
-  python benchmarks/decode_compile.py [--before=/path/to/older/checkout]
+  python benchmarks/decode_compile.py [--before=OLDER_CHECKOUT]
       [--preset=smollm2_135m] [--rows=8,16,32,64,128]
 """
 
@@ -63,7 +63,8 @@ def measure(checkout: str, preset: str, rows: int) -> dict:
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--before", default="", help="a checkout with the slot "
-                 "cache (e.g. a worktree of an older commit); '' measures this one alone")
+                 "cache (e.g. a worktree of an older commit); '' measures "
+                 "this one alone")
   p.add_argument("--preset", default="smollm2_135m")
   p.add_argument("--rows", default="8,16,32,64,128")
   a = p.parse_args()

@@ -42,7 +42,7 @@ a step moves that is not K/V (`not_kv_gb`). The stores and gathers once a
 chunk count the whole pool (here exactly the rows' pages), though a store
 writes a chunk's tokens alone. Prints one JSON line.
 
-  python benchmarks/decode_traffic.py [--before=/path/to/older/checkout] [--rows=64]
+  python benchmarks/decode_traffic.py [--before=OLDER_CHECKOUT] [--rows=64]
       [--context=1024] [--preset=qwen2_5_0_5b]
 """
 
@@ -249,8 +249,8 @@ def side_by_side(preset: str, cfg, rows: int, context: int,
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--before", default="",
-                 help="a checkout with the slot cache (e.g. a worktree of an older commit); "
-                      "'' leaves today's figures out")
+                 help="a checkout with the slot cache (e.g. a worktree of "
+                      "an older commit); '' leaves today's figures out")
   p.add_argument("--preset", default="qwen2_5_0_5b")
   p.add_argument("--rows", type=int, default=64)
   p.add_argument("--context", type=int, default=1024)

@@ -35,12 +35,10 @@ raising and the others waiting in a collective. Every function here that
 exchanges data is a collective: call it on every host, in the same order.
 With one process they all reduce to the plain local operation.
 
-One module (~670 lines) on purpose: the checks, exchanges and writers share
-the one rule above (every host runs the same collectives in the same
-order), which is easier to keep when it is read in one place.
-
-One module: every function here rests on the same host order, seed mixing
-and all-gather, and a job uses most of them together.
+One module on purpose: the checks, exchanges and writers share the one
+rule above (every host runs the same collectives in the same order) and
+the same host order, seed mixing and all-gather; the rule is easier to
+keep when it is read in one place.
 """
 
 import contextlib

@@ -19,7 +19,10 @@ pool (each row holds the pages of its context) against contiguous slots
 before pages).
 
 `check_devices` is the same measurement against the real devices, run
-before a training job loads its weights (see swirl_jax/jobs.py).
+before a training job loads its weights (see swirl_jax/jobs.py). One
+module: the fit job, `capacity` and the pre-run check read the same
+`Setup` and `measure`, so each change to what is measured changes all
+three at once.
 """
 
 import logging

@@ -28,13 +28,12 @@ think block stays in the sequence exactly as sampled. Template variables such
 as `enable_thinking=False` are set once per tokenizer
 (`chat_template_kwargs`), so the prompt and every observation frame agree.
 
-Size: about 450 lines, one class whose methods share its backend, specials
-and template state; the vocabulary pipelines and the GGUF conversion are
-already their own modules (tokenizer_pipeline.py, gguf_tokenizer.py).
-
-One module: the segment and mask contract below spans loading, chat
-rendering, learnt vocabularies and saving; split, the invariant would sit
-apart from the code that keeps it.
+One module: one class whose methods share its backend, specials and
+template state, and the segment and mask contract below spans loading,
+chat rendering, learnt vocabularies and saving (split, the invariant
+would sit apart from the code that keeps it); the vocabulary pipelines
+and the GGUF conversion are already their own modules
+(tokenizer_pipeline.py, gguf_tokenizer.py).
 """
 
 import copy

@@ -12,14 +12,11 @@
 `swirl_pipeline` runs `config.stages` in order; each stage also runs alone
 (job `swirl_<stage>`) and reads what the earlier ones wrote.
 
-One module (~480 lines) on purpose: each stage is a short function over
-helpers most of them share (`_tasks`, `_judge`, `_base`, `_policy_cfg`,
-the judged-label cache); a module per stage would scatter those helpers
-or import them back across stages.
-
-One module: the stage table above and each stage's short runner are the
-pipeline's whole control flow; the stages' work lives in their own
-modules.
+One module on purpose: the stage table above and each stage's short
+runner are the pipeline's whole control flow (the stages' work lives in
+their own modules), and the runners share helpers (`_tasks`, `_judge`,
+`_base`, `_policy_cfg`, the judged-label cache) that a module per stage
+would scatter or import back across stages.
 """
 
 import dataclasses

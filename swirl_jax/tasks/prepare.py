@@ -39,12 +39,10 @@ its bytes is not fetched again (`overwrite=True` forces it); a corpus's
 index is built when missing. MuSiQue is read by `datasets.load_musique`
 (the transfer evaluation's offline copy) and is not fetched.
 
-One module (~450 lines) on purpose: a table of products, each a few-line
-row converter and reader, over the one download / manifest / index
-mechanism they all go through, read top to bottom.
-
-One module: each source's pin (`SOURCES`) sits beside the converter that
-writes its layout, so a source's fetch and format read in one place.
+One module on purpose: a table of products, each a few-line row
+converter and reader, over the one download / manifest / index mechanism
+they all go through, read top to bottom; each source's pin (`SOURCES`)
+sits beside the converter that writes its layout.
 """
 
 import dataclasses
