@@ -26,7 +26,7 @@ import compile_events
 from lockstep import LockStep
 
 SMALL = engine_lib.EngineConfig(slots=4, decode_batch=2, chunk_steps=4,
-                                tool_workers=4)
+                                tool_workers=4, check_invariants=True)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,8 @@ def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
   rc = turns.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
                            temperature=1.0, seed=3)
   ec = engine_lib.EngineConfig(slots=3, decode_batch=2, chunk_steps=4,
-                               append_tokens=32, precompile=True)
+                               append_tokens=32, precompile=True,
+                               check_invariants=True)
   ref, eng = _pair((cfg, params, tok, sampler), calc_tools, rc, engine=ec)
   tasks = synthetic.arithmetic_tasks(3, seed=8)
   want = ref.run(tasks)
@@ -219,7 +220,8 @@ def test_tools_run_while_others_decode(tiny):
                            max_new_tokens=40, temperature=0.0)
   ref, eng = _pair(tiny, tools, rc, action=action,
                    engine=engine_lib.EngineConfig(slots=4, decode_batch=4,
-                                                  chunk_steps=4))
+                                                  chunk_steps=4,
+                                                  check_invariants=True))
   tasks = [Task(f"m{i}", "6*7?", ("42",), "math") for i in range(4)]
   a, b = ref.run(tasks), eng.run(tasks)
   _same(a, b)

@@ -25,8 +25,11 @@ from test_engine import _teacher_check  # Behaviour = teacher-forced.
 GOLDEN = json.loads(decode_golden.PATH.read_text())
 # A pool too small for the engine's 4 rows in flight: 512-token rows of
 # 16-slot pages, 32 pages (one row at the limit) where 4 rows reach ~250.
-SMALL_POOL = dict(engine_kw=dict(pages=32), sampler_kw=dict(
-    max_cache_len=512, page_size=16, cache_buckets=(256, 384, 512)))
+# The engine checks its bookkeeping after every step.
+SMALL_POOL = dict(
+    engine_kw=dict(pages=32, check_invariants=True),
+    sampler_kw=dict(max_cache_len=512, page_size=16,
+                    cache_buckets=(256, 384, 512)))
 
 
 def _same_trajs(got, want):
@@ -62,7 +65,8 @@ def test_engine_equals_the_slot_cache(preset, temperature, pool):
   stops) token for token; with the small pool rows are preempted and
   recomputed, and the behaviour log-probs still equal a teacher-forced
   pass's. Every page comes back when the rollout ends."""
-  kw = SMALL_POOL if pool == "small" else {}
+  kw = SMALL_POOL if pool == "small" else dict(
+      engine_kw=dict(check_invariants=True))
   trajs, eng, (cfg, params) = decode_golden.engine_run(preset, temperature,
                                                        **kw)
   _same_trajs(decode_golden.trajs_json(trajs),
@@ -257,3 +261,42 @@ def test_pool_sizes_are_checked(tiny):
   with pytest.raises(RuntimeError, match="reserve them first"):
     dev.append(rows, fresh=True)
   dev.close()
+
+
+_DATA_GROUPS_RESERVE = """
+import json
+from swirl_jax.sampling import pages
+from swirl_jax.sampling.device import PlainRow
+
+def group(g):
+  dev = pages.PagedDevice.__new__(pages.PagedDevice)
+  dev.group, dev.limit, dev.page, dev._P, dev.peak_pages = g, 64, 16, 8, 0
+  dev._free_entries, dev._free_pages = [1, 0], list(range(8))[::-1]
+  return dev
+
+groups = pages.DataGroups.__new__(pages.DataGroups)
+groups.groups = [group(0), group(1)]
+rows = [PlainRow(i, [1] * 20) for i in range(3)]
+ok = groups.reserve(rows, [20, 20, 40])
+free = [sum(g.free()[i] for g in groups.groups) for i in (0, 1)]
+print(json.dumps(dict(ok=ok, asserts=__debug__, free=free,
+                      pages=[len(r.seat.pages) for r in rows])))
+"""
+
+
+def test_data_groups_reserve_under_python_o():
+  """`python -O` drops asserts: the data groups' reserve, once an
+  `assert` around the groups' own, must still take the pages (before, the
+  rows got seats and no pages)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run(
+      [sys.executable, "-O", "-c", _DATA_GROUPS_RESERVE], cwd=root,
+      env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True,
+      timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["ok"] and not out["asserts"]
+  assert out["pages"] == [2, 2, 3] and out["free"] == [1, 16 - 7]

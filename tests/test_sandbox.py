@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import signal
 import subprocess
 import time
 
@@ -186,3 +187,36 @@ def test_fallback_modes_work_or_say_why():
 def test_code_too_long(sb):
   r = sb.run("x = 1\n" * 20000)
   assert not r.ok and "longer than" in r.stderr_last_line
+
+
+LOOP = "while True:\n  pass"
+RECURSION = "def f(n):\n  return f(n + 1)\nf(0)"
+
+
+def test_one_time_limit_one_answer():
+  """A loop that runs forever times out with one answer whether the CPU
+  limit ends it (alone: CPU time counts the interpreter's start, so it can
+  fire first; forced here with cpu_s below the wall clock) or the wall
+  clock does (in a batch, on shared cores): `timed_out` and the wall
+  clock's message. Before, the CPU limit gave 'CPU time limit exceeded'
+  with timed_out=False. A deep recursion is still a RecursionError."""
+  box = Sandbox(timeout_s=TIMEOUT_S, cpu_s=1)
+  want = f"TimeoutError: execution exceeded {TIMEOUT_S:g} s"
+  alone = box.run(LOOP)
+  batch = box.run_batch([LOOP] * 4 + [RECURSION])
+  for r in [alone] + batch[:4]:
+    assert r.timed_out and not r.ok, r
+    assert r.stderr_last_line == want, r
+  for r in (batch[4], box.run(RECURSION)):
+    assert not r.timed_out and r.exit_code == 1, r
+    assert r.stderr_last_line.startswith("RecursionError"), r
+
+
+def test_the_cpu_limit_alone_is_a_timeout():
+  """A wall clock far past the CPU limit: only the CPU limit can end the
+  loop (SIGXCPU), and it reads as the timeout it is."""
+  box = Sandbox(timeout_s=20, cpu_s=1)
+  r = box.run(LOOP)
+  assert r.exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU), r
+  assert r.timed_out and not r.ok
+  assert r.stderr_last_line == "TimeoutError: execution exceeded 20 s"

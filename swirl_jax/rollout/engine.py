@@ -19,11 +19,14 @@ could reach, so a pool (`pages`) far smaller than `slots` full-length
 rows holds them all while most are short. A row is admitted when an entry
 and the pages for its prompt and a decode chunk are free (and no
 preempted row waits). When the pool runs out mid-run, the rows that need
-pages are served oldest first, and each takes them from the youngest rows
-(preemption by recompute, as vLLM's): a preempted row's pages are freed,
-its tokens kept, and its next program recomputes its cache from them
-(`metrics['preempted']`, `metrics['recomputed_tokens']`); a row older than
-every other one is never preempted, so the oldest always advances.
+pages are served oldest first, and each takes them from the youngest rows,
+those in a tool call last (preemption by recompute, as vLLM's): a
+preempted row's pages are freed, its tokens kept, and its next program
+recomputes its cache from them (`metrics['preempted']`,
+`metrics['recomputed_tokens']`); a row older than every other one is never
+preempted, so the oldest always advances. A rollout that raises (a tool,
+the device) gives every page back first; one in which nothing can advance
+raises rather than wait forever.
 
 Exactness: a row's draw depends on the row alone (`turns.draw`: the seed
 of its trajectory, turn and stretch; each token's key folds in its
@@ -64,6 +67,10 @@ class EngineConfig(config_lib.FromConfig):
   # Compile every program a rollout can call when the cache is first
   # allocated, so none compiles mid-rollout (`Device.precompile`).
   precompile: bool = False
+  # Check the engine's bookkeeping after every step (`_check`): each pair
+  # pending, live or done, preempted rows live, every page accounted for.
+  # Costs a pass over the rows a step; tests turn it on.
+  check_invariants: bool = False
 
 
 class Policy(NamedTuple):
@@ -74,6 +81,20 @@ class Policy(NamedTuple):
 
 
 PolicyFeed = Policy | Callable[[], Policy]
+
+
+class _State:
+  """One rollout's rows: pending, live (admitted, in index order), done;
+  `dropped` counts the pending ones `stop_admitting` dropped."""
+
+  def __init__(self, rows: list[turns.Row]):
+    self.rows = rows
+    self.pending = collections.deque(rows)
+    self.live: list[turns.Row] = []
+    self.done: list[turns.Row] = []
+    self.started: list[turns.Row] = []
+    self.dropped = 0
+    self.futures: dict[concurrent.futures.Future, turns.Row] = {}
 
 
 class RolloutEngine(turns.Schedule):
@@ -127,32 +148,104 @@ class RolloutEngine(turns.Schedule):
     self._stats, t0 = collections.Counter(), time.perf_counter()
     self.device.open(len(rows), self.engine.slots, self.engine.pages)
     self._version = None
-    if self.engine.precompile:
-      self._take(policy)
-      self.device.precompile(self.stops)
-    pending, live, started = collections.deque(rows), [], []
     self._preempted: set[int] = set()  # Rows waiting to be recomputed.
-    futures: dict[concurrent.futures.Future, turns.Row] = {}
-    with concurrent.futures.ThreadPoolExecutor(
-        self.engine.tool_workers) as pool:
-      while pending or live:
-        self._collect(futures, block=False)
-        while pending and not self._preempted and self.device.reserve(
-            [pending[0]], [len(pending[0].obs) + self.engine.chunk_steps]):
-          started.append(pending.popleft())
-          live.append(self._admit(started[-1]))
+    s = _State(rows)
+    try:
+      if self.engine.precompile:
         self._take(policy)
-        self._device_step(live, futures, pool)
-        for r in [r for r in live if r.phase == "done"]:
-          live.remove(r)
-          self.device.release(r)
-          turns.stamp(r)
-          if stop_admitting is not None and stop_admitting(r.traj):
-            pending.clear()
-    self.device.close()
-    self._stats["not_started"] = len(rows) - len(started)
-    self.metrics = turns.rollout_metrics(started, self._stats, t0)
-    return [r.traj for r in sorted(started, key=lambda r: r.index)]
+        self.device.precompile(self.stops)
+      with concurrent.futures.ThreadPoolExecutor(
+          self.engine.tool_workers) as pool:
+        try:
+          while s.pending or s.live:
+            self._step(s, policy, stop_admitting, pool)
+        finally:
+          # On an error, calls not yet started never start; those running
+          # end within their tool's own limit.
+          for f in s.futures:
+            f.cancel()
+    finally:
+      # Every page back, also when a tool or the device raised: the pool
+      # outlives the rollout (the next one opens it afresh).
+      for r in s.live:
+        self.device.release(r)
+      self._preempted.clear()
+      self.device.close()
+    self._stats["not_started"] = len(rows) - len(s.started)
+    self.metrics = turns.rollout_metrics(s.started, self._stats, t0)
+    return [r.traj for r in sorted(s.started, key=lambda r: r.index)]
+
+  def _step(self, s: "_State", policy, stop_admitting, pool) -> None:
+    """One pass of the loop: finished calls taken, finished rows retired,
+    pending rows admitted, one device step. Raises when nothing could
+    advance: with nothing live no call or page is ever coming back, so a
+    loop that went on would spin forever."""
+    moved = self._collect(s.futures, block=False)
+    moved |= self._retire(s, stop_admitting)
+    while s.pending and not self._preempted and self.device.reserve(
+        [s.pending[0]], [len(s.pending[0].obs) + self.engine.chunk_steps]):
+      s.started.append(s.pending.popleft())
+      s.live.append(self._admit(s.started[-1]))
+      moved = True
+    self._take(policy)
+    moved |= self._device_step(s.live, s.futures, pool)
+    moved |= self._retire(s, stop_admitting)
+    if self.engine.check_invariants:
+      self._check(s)
+    if not moved:
+      raise RuntimeError(
+          f"the rollout is stuck: {len(s.pending)} rows pending, "
+          f"{len(s.live)} live (phases "
+          f"{sorted(collections.Counter(r.phase for r in s.live).items())}"
+          f", {len(self._preempted)} preempted), none could advance: the "
+          "page pool holds less than its oldest row needs")
+
+  def _retire(self, s: "_State", stop_admitting) -> bool:
+    """Frees the rows that are done; True if there were any."""
+    done = [r for r in s.live if r.phase == "done"]
+    for r in done:
+      s.live.remove(r)
+      s.done.append(r)
+      # A row preempted in its tool call may end on the call's result,
+      # never to be recomputed: left in the set it would bar admission
+      # for good.
+      self._preempted.discard(r.index)
+      self.device.release(r)
+      turns.stamp(r)
+      if stop_admitting is not None and stop_admitting(r.traj):
+        s.dropped += len(s.pending)
+        s.pending.clear()
+    return bool(done)
+
+  def _check(self, s: "_State") -> None:
+    """The bookkeeping's invariants (`EngineConfig.check_invariants`):
+    raises RuntimeError (an `assert` would vanish under `python -O`)."""
+    where = collections.Counter(
+        id(r) for part in (s.pending, s.live, s.done) for r in part)
+    if (len(where) != sum(where.values())
+        or len(where) + s.dropped != len(s.rows)):
+      raise RuntimeError(
+          f"pairs lost or doubled: {len(s.rows)} rows, {len(s.pending)} "
+          f"pending, {len(s.live)} live, {len(s.done)} done, {s.dropped} "
+          "dropped")
+    live = {r.index for r in s.live}
+    if not self._preempted <= live:
+      raise RuntimeError(f"preempted rows {sorted(self._preempted - live)} "
+                         "are not live")
+    if any(r.phase == "done" for r in s.live) or any(
+        r.seat is not None for r in s.done):
+      raise RuntimeError("a finished row is still live or seated")
+    size = getattr(self.device, "size", None)
+    if size is None:  # A device with no pool (a script's).
+      return
+    (entries, pages), (free_e, free_p) = size(), self.device.free()
+    seats = [r.seat for r in s.live if r.seat is not None]
+    held_e = sum(t.entry >= 0 for t in seats)
+    held_p = sum(len(t.pages) for t in seats)
+    if free_e + held_e != entries or free_p + held_p != pages:
+      raise RuntimeError(
+          f"pages lost: {free_p} free + {held_p} held by live rows != "
+          f"{pages} (entries: {free_e} + {held_e} != {entries})")
 
   def _take(self, policy: PolicyFeed | None) -> None:
     """The feed's policy into the device, when its version is new."""
@@ -180,9 +273,10 @@ class RolloutEngine(turns.Schedule):
     turns.start_turn(row, turn_no, self.turn_budget(row.traj, turn_no),
                      self.config)
 
-  def _device_step(self, live, futures, pool) -> None:
+  def _device_step(self, live, futures, pool) -> bool:
     """Prefills and appends the arrived rows, then one decode chunk of
-    the ready ones (or waits for a tool when none is ready)."""
+    the ready ones (or waits for a tool when none is ready); False if
+    none of that could happen."""
     t1 = time.perf_counter()
     moved = False
     for phase, fresh in (("prefill", True), ("append", False)):
@@ -208,10 +302,9 @@ class RolloutEngine(turns.Schedule):
       self._stats["decode_s"] += time.perf_counter() - t2
     elif futures:
       self._collect(futures, block=True)
-    elif not moved and any(r.phase != "done" for r in live):
-      # (A row a tool call ended at the loop's top is done, not stuck.)
-      raise RuntimeError("no row could advance: the page pool holds less "
-                         "than its oldest row needs")
+    else:
+      return moved
+    return True
 
   # -- pages --
 
@@ -221,25 +314,44 @@ class RolloutEngine(turns.Schedule):
 
   def _fit(self, rows, more, live) -> list[turns.Row]:
     """The rows (of one program call) the pool holds with `more(row)` more
-    tokens each, served oldest first; a row short of pages preempts the
-    youngest rows younger than itself (its cache to be recomputed from its
-    tokens), and waits when none is left."""
-    kept = set()
+    tokens each, served oldest first; a row short of pages preempts rows
+    younger than itself (their caches to be recomputed from their
+    tokens), and waits when none is left.
+
+    Victims, in order: rows not in a tool call, youngest first, then rows
+    in one, youngest first. A row in a tool call comes back only when its
+    call returns, and while any preempted row waits no pending row is
+    admitted: preempting it would hold admission up for the call's
+    latency, where a ready row is recomputed by its next chunk. `live`
+    is in admission order (by index), so the victims are listed in one
+    pass, and each is passed over at most once: one that is not younger
+    than the row being served is not younger than any row served after
+    it either. O(live + rows) a call, besides the reserves."""
+    victims = [v for v in reversed(live) if v.phase != "tool"] + [
+        v for v in reversed(live) if v.phase == "tool"]
+    victims = [v for v in victims if v.seat is not None
+               and v.index not in self._preempted]
+    at, kept = 0, set()
     for r in sorted(rows, key=lambda r: r.index):
       while not self.device.reserve([r], [more(r)]):
-        young = [v for v in live if v.index > r.index and id(v) not in kept
-                 and v.seat is not None and v.index not in self._preempted]
-        if not young:
+        while at < len(victims) and (victims[at].index <= r.index
+                                     or victims[at].index in
+                                     self._preempted):
+          at += 1
+        if at == len(victims):
           break
-        victim = max(young, key=lambda v: v.index)
-        self.device.preempt(victim)
-        self._preempted.add(victim.index)
-        self._stats["preempted"] += 1
-        self._stats["recomputed_tokens"] += victim.length
+        self._preempt(victims[at])
+        at += 1
       else:
         kept.add(id(r))
         self._preempted.discard(r.index)
     return [r for r in rows if id(r) in kept]
+
+  def _preempt(self, row: turns.Row) -> None:
+    self.device.preempt(row)
+    self._preempted.add(row.index)
+    self._stats["preempted"] += 1
+    self._stats["recomputed_tokens"] += row.length
 
   # -- tools --
 
@@ -248,11 +360,11 @@ class RolloutEngine(turns.Schedule):
     text = self.toolset.run([call[:2]])[0]
     return text, time.perf_counter() - t0
 
-  def _collect(self, futures, block: bool) -> None:
+  def _collect(self, futures, block: bool) -> bool:
     """Takes the observations of finished calls (waits for one if
-    `block`)."""
+    `block`); True if any had finished. A call that raised raises here."""
     if not futures:
-      return
+      return False
     t0 = time.perf_counter()
     done, _ = concurrent.futures.wait(
         futures, timeout=None if block else 0,
@@ -266,6 +378,7 @@ class RolloutEngine(turns.Schedule):
       self._stats["tool_calls"] += 1
       turns.take_result(row, text, self.observe)
       self._end_turn(row)
+    return bool(done)
 
   def _end_turn(self, row: turns.Row) -> None:
     turns.end_turn(row, self.config, self.device.limit - row.length)

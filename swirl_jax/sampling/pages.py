@@ -216,6 +216,10 @@ class PagedDevice:
     """(entries, pages) free."""
     return len(self._free_entries), len(self._free_pages)
 
+  def size(self) -> tuple[int, int]:
+    """(entries, pages) of the pool `open` allocated."""
+    return self._M, self._P
+
   def reserve(self, rows, more) -> bool:
     needs = [self.need(r, m) for r, m in zip(rows, more)]
     entries, pages = self.free()
@@ -544,8 +548,20 @@ class DataGroups:
       parts[r.seat.group][0].append(r)
       parts[r.seat.group][1].append(m)
     for g, (part, ms) in parts.items():
-      assert self.groups[g].reserve(part, ms)
+      # An explicit check, not an assert: the reserve is the side effect
+      # (under `python -O` an assert would not run it).
+      if not self.groups[g].reserve(part, ms):
+        raise RuntimeError(f"data group {g} refused {len(part)} rows it "
+                           "was counted to hold")
     return True
+
+  def free(self) -> tuple[int, int]:
+    """(entries, pages) free in all groups."""
+    return tuple(map(sum, zip(*(g.free() for g in self.groups))))
+
+  def size(self) -> tuple[int, int]:
+    """(entries, pages) of all groups' pools."""
+    return tuple(map(sum, zip(*(g.size() for g in self.groups))))
 
   def preempt(self, row) -> None:
     self.groups[row.seat.group].preempt(row)

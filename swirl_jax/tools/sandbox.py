@@ -55,8 +55,7 @@ ISOLATIONS = ("bubblewrap", "rlimits+namespaces", "rlimits")
 _MAX_CODE_BYTES = 60_000
 _TRUNCATION_NOTE = ("\n..._This content has been truncated to stay below "
                     "{n} characters_...\n")
-_SIGNALS = {
-    signal.SIGXCPU: "TimeoutError: CPU time limit exceeded",
+_SIGNALS = {  # SIGXCPU (the CPU-seconds limit) is a timeout: `_run`.
     signal.SIGKILL: "Killed (resource limit exceeded)",
     signal.SIGSEGV: "Segmentation fault",
     signal.SIGXFSZ: "OSError: output or file size limit exceeded",
@@ -198,6 +197,8 @@ class Sandbox:
     timeout_s: wall-clock limit per snippet (SimpleTIR: 3 s).
     memory_bytes: address-space limit (SimpleTIR: 512 MB).
     cpu_s: CPU-seconds limit; defaults to the wall-clock limit, rounded up.
+      Reaching it is a timeout, as the wall clock's is (`timed_out`, one
+      message).
     max_processes: processes and threads the snippet's uid may hold.
     max_file_bytes: largest file (and stdout/stderr) it may write.
     max_open_files: file descriptors.
@@ -329,6 +330,11 @@ class Sandbox:
     try:
       with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         exit_code, timed_out = self._spawn(code, uid, out, err, workdir)
+        # The CPU-seconds limit backs the wall clock up: which of the two
+        # ends a loop first depends on the host's load (CPU time counts
+        # the interpreter's start, the wall clock does not), so both are
+        # the one time limit, with one answer.
+        timed_out = timed_out or _signal(exit_code) == signal.SIGXCPU
         if self.isolation == "rlimits" and self._as_root:
           _kill_uid(uid)  # No PID namespace: sweep escaped descendants.
         stdout = _read_ends(out, 4 * self.max_output_chars)
@@ -390,14 +396,21 @@ class Sandbox:
     if lines:
       return lines[-1]
     if exit_code:
-      # bwrap reports a signal death as 128 + signal.
-      sig = -exit_code if exit_code < 0 else exit_code - 128
+      sig = _signal(exit_code)
       if sig in _SIGNALS:
         return _SIGNALS[sig]
       if sig > 0:
         return f"Killed by signal {sig}"
       return f"Exited with status {exit_code}"
     return ""
+
+
+def _signal(exit_code):
+  """The signal that ended a process of this exit code (bwrap reports a
+  signal death as 128 + signal), else 0 or less."""
+  if not exit_code:
+    return 0
+  return -exit_code if exit_code < 0 else exit_code - 128
 
 
 def _kill_group(proc):

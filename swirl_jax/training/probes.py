@@ -10,9 +10,12 @@ params that sampled them and compares with the sampler's log-probs
 the sampler-trainer mismatch before any update moves the params (inside
 the step, later mini-batches mix it with the policy's own change; given
 newer params than those that sampled, it holds the policy's change too).
-With truncated importance sampling on (`loss.tis_cap` > 0) it also leaves
-those log-probs in `batch['old_logprobs']`, which the step's TIS weights
-need, so the one forward serves both.
+With truncated importance sampling on (`loss.tis_cap` > 0) it also sets
+`batch['old_logprobs']`, which the step's ratio and TIS weights read: with
+`old_logprobs='trainer'` those log-probs, so the one forward serves both;
+with 'sampler' the sampler's own (`behaviour_logprobs`), so the ratio is
+against the policy that sampled, as that setting says, and TIS weighs
+nothing more (its ratio is 1).
 
 Log-probs stay on the devices, laid out as the batch is (global arrays on
 several hosts); only the mismatch's scalars come to the host.
@@ -32,13 +35,21 @@ from swirl_jax import sharding as shd
 from swirl_jax.ops import losses
 from swirl_jax.training import step as step_lib
 
+OLD_LOGPROBS = ("trainer", "sampler")
+
 
 class Probe:
   """Jitted forward / backward over one model config and mesh."""
 
   def __init__(self, cfg, mesh, param_shardings, loss_cfg,
-               rules=shd.DEFAULT_RULES):
+               rules=shd.DEFAULT_RULES, old_logprobs: str = "trainer"):
+    if old_logprobs not in OLD_LOGPROBS:
+      raise ValueError(f"old_logprobs {old_logprobs!r}; valid: "
+                       f"{', '.join(OLD_LOGPROBS)}")
     self.cfg, self.mesh, self.rules = cfg, mesh, rules
+    # Whose log-probs the ratio's old ones are (`old_logprobs` of the
+    # SimpleTIR config; SWiRL's are the trainer's).
+    self.old_logprobs = old_logprobs
     self.param_shardings = param_shardings
     self.loss_cfg = step_lib.default_loss_config().lock()
     self.loss_cfg.update(dict(loss_cfg.items()) if loss_cfg else {})
@@ -49,12 +60,19 @@ class Probe:
     self.tis = float(self.loss_cfg.tis_cap) > 0
 
   @classmethod
-  def for_trainer(cls, trainer) -> "Probe":
+  def for_trainer(cls, trainer, old_logprobs: str = "trainer") -> "Probe":
     """Over `trainer.policy_params()` (LoRA merged: the base's shardings)."""
     s = trainer.shardings
     params = s.params if trainer.state.frozen is None else s.frozen
     return cls(trainer.model_cfg, trainer.mesh, params,
-               trainer.config.get("loss", None))
+               trainer.config.get("loss", None), old_logprobs=old_logprobs)
+
+  def _sampler_side(self, batch):
+    """The sampler's log-probs, when they are the old ones and the batch
+    has them; else None."""
+    if self.old_logprobs != "sampler":
+      return None
+    return batch.get("behaviour_logprobs")
 
   def logprobs(self, params, batch, rows: int = 0):
     """The trainer's log-probs [B, T] of `batch['tokens']` under `params`,
@@ -77,23 +95,28 @@ class Probe:
 
   def mismatch(self, params, batch, logp_BT=None) -> dict[str, float]:
     """`mismatch_*` metrics of `batch['behaviour_logprobs']` vs `params`
-    (and `batch['old_logprobs']` set, with TIS on); `logp_BT`: those
+    (and `batch['old_logprobs']` set, with TIS on: the trainer's, or the
+    sampler's with `old_logprobs='sampler'`); `logp_BT`: the trainer's
     log-probs when the caller has them already (`logprobs`). Reduced on
     the devices: only the scalars reach the host."""
     if logp_BT is None:
       logp_BT = self.logprobs(params, batch)
     if self.tis:
-      batch["old_logprobs"] = logp_BT
+      sampler = self._sampler_side(batch)
+      batch["old_logprobs"] = logp_BT if sampler is None else sampler
     m = _mismatch(NamedSharding(logp_BT.sharding.mesh, P()), logp_BT,
                   batch["behaviour_logprobs"], batch["loss_mask"])
     return {k: float(v) for k, v in jax.device_get(m).items()}
 
   def grad_norm(self, params, batch) -> float:
     """Global norm of the loss gradient on `batch` (one backward). With
-    TIS, the old log-probs are the trainer's under `params` where the
-    batch has none, as the update's are."""
+    TIS, where the batch has no old log-probs, they are the update's:
+    the sampler's with `old_logprobs='sampler'` (where the batch has
+    them), else the trainer's under `params`."""
     if self.tis and batch.get("old_logprobs") is None:
-      batch = dict(batch, old_logprobs=self.logprobs(params, batch))
+      old = self._sampler_side(batch)
+      batch = dict(batch, old_logprobs=self.logprobs(params, batch)
+                   if old is None else old)
     b = len(batch["tokens"])
     spec = shd.logical_to_spec(("batch",), (b,), self.mesh, self.rules)
     sharding = NamedSharding(self.mesh, spec)
