@@ -37,15 +37,30 @@ iteration's collected rollouts go, as sampled, to
 written atomically), and before a checkpoint is taken the trainer waits
 for those k (`saved`). A resumed run reads the files it finds for
 (iteration, version) and samples the rest, on versions it makes again.
-The queue goes when the run ends.
+Once a checkpoint at data position n is on disk no resume starts before
+it, so the files of iterations before n go (`prune`, on
+`Trainer.after_save`): the queue holds the iterations from the newest
+checkpoint on disk to k past the trainer's position, not the whole run.
+(A resume that falls back to an older checkpoint, the newest being
+unreadable, then stops with the error naming the missing file.) The
+queue goes when the run ends.
+
+A queue belongs to one run. Its manifest (`manifest.json`, written when
+the queue is made) holds what decides the rollouts: the config's fields
+that do (`stages.queue_manifest`: the seed among them) and the host
+count (each host's files hold its own block of the pairs). A queue whose
+manifest differs is refused (`Mismatch`), naming the first field that
+does, rather than read as this run's rollouts.
 """
 
+import json
 import pathlib
+import re
 import shutil
 import threading
-from typing import Callable
+from typing import Any, Callable
 
-from swirl_jax import distributed, jsonl
+from swirl_jax import distributed, errors, jsonl
 from swirl_jax.rollout.engine import Policy
 from swirl_jax.rollout.records import Trajectory
 
@@ -56,11 +71,53 @@ class Closed(Exception):
   """The generator was closed while it sampled (the run is ending)."""
 
 
-class Queue:
-  """Collected rollouts by (iteration, version), this host's own files."""
+class Mismatch(errors.UserError, ValueError):
+  """A queue written by a run with other settings than this one."""
 
-  def __init__(self, directory: pathlib.Path):
+
+class Failed(RuntimeError):
+  """The generator thread raised while it made an iteration's rollouts."""
+
+
+class FailedUserError(errors.UserError, Failed):
+  """`Failed` of a cause the user can act on (a bad file, a full disk):
+  `main` prints its one line."""
+
+
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"iter_(\d+)_v(\d+)")
+
+
+class Queue:
+  """Collected rollouts by (iteration, version), this host's own files.
+
+  `manifest`: what decides this run's rollouts (a flat JSON-able dict);
+  written with a new queue, checked against an existing one's."""
+
+  def __init__(self, directory: pathlib.Path,
+               manifest: dict[str, Any] | None = None):
     self.directory = directory
+    if manifest is not None:
+      # As it reads back: tuples as lists, anything else as its text.
+      self._open(json.loads(json.dumps(manifest, default=str)))
+
+  def _open(self, manifest: dict[str, Any]) -> None:
+    """Writes the manifest (process 0; the workdir is shared), or checks
+    the one there, on every host alike. A queue without one (made before
+    queues had manifests) is taken as this run's."""
+    path = self.directory / MANIFEST
+    with distributed.one_writer(f"{path}") as writing:
+      if writing and not path.exists():
+        jsonl.write_bytes(path, json.dumps(manifest, indent=1,
+                                           sort_keys=True).encode())
+    theirs = jsonl.read_json(path)
+    for key in sorted(manifest.keys() | theirs.keys(), key=_first):
+      was, now = _shown(theirs, key), _shown(manifest, key)
+      if was != now:
+        raise Mismatch(
+            f"queue {self.directory} was written by a run with {key} = "
+            f"{was}; this run has {now}: its rollouts are not this run's "
+            f"(rerun with that run's settings, or use a new workdir)")
 
   def path(self, it: int, version: int) -> pathlib.Path:
     return pathlib.Path(distributed.host_file(
@@ -74,8 +131,29 @@ class Queue:
     self.directory.mkdir(parents=True, exist_ok=True)
     jsonl.write(self.path(it, version), trajs)
 
+  def prune(self, data_pos: int) -> None:
+    """Deletes this host's files of iterations before `data_pos` (a
+    checkpoint there is on disk: no resume needs them)."""
+    for path in self.directory.glob("iter_*"):
+      m = _NAME.match(path.name)
+      if m and int(m[1]) < data_pos and \
+          self.path(int(m[1]), int(m[2])) == path:
+        path.unlink(missing_ok=True)
+
   def clear(self) -> None:
     shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _shown(manifest: dict[str, Any], key: str) -> str:
+  if key not in manifest:
+    return "(unset)"
+  return json.dumps(manifest[key], sort_keys=True)
+
+
+def _first(key: str) -> tuple:
+  """The order mismatches are named in: the host count and the seed (the
+  usual suspects) first, then the rest by name."""
+  return ({"process_count": 0, "seed": 1}.get(key, 2), key)
 
 
 class Generator:
@@ -94,7 +172,7 @@ class Generator:
     self._versions: dict[int, Policy] = {}
     self._ready: dict[int, list[Trajectory]] = {}
     self._next = start  # The next iteration collected.
-    self._error: BaseException | None = None
+    self._error: tuple[int, BaseException] | None = None  # (it, error)
     self._closed = False
     self._thread = None
     if self.k:
@@ -139,6 +217,12 @@ class Generator:
       self._cond.wait_for(lambda: self._next >= upto or self._error)
       self._raise()
 
+  def prune(self, data_pos: int) -> None:
+    """The queue's files of iterations before `data_pos` go (a checkpoint
+    there is on disk); `Trainer.after_save`."""
+    if self.queue is not None:
+      self.queue.prune(data_pos)
+
   def paused(self):
     """`with generator.paused():` nothing samples in the body."""
     return self.lock
@@ -157,10 +241,20 @@ class Generator:
           self.queue.clear()
 
   def _raise(self) -> None:
-    if self._error is not None:
-      raise RuntimeError("the rollout generator failed") from self._error
+    """The thread's error, in the main thread, in one line naming the
+    iteration and the cause (a user error's stays one: `main` prints it
+    without a traceback)."""
+    if self._error is None:
+      return
+    it, e = self._error
+    line = errors.one_line(e)
+    cause = line or f"{type(e).__name__}: {_first_line(e)}"
+    cls = FailedUserError if line else Failed
+    raise cls(f"the rollout generator failed at iteration {it} "
+              f"(policy version {self.version_for(it)}): {cause}") from e
 
   def _run(self, start: int) -> None:
+    it = start
     try:
       for it in range(start, self.stop):
         trajs = self._collect(it, self.version_for(it))
@@ -177,7 +271,7 @@ class Generator:
       pass
     except BaseException as e:  # pylint: disable=broad-except
       with self._cond:
-        self._error = e  # Raised in the main thread (`take`, `saved`).
+        self._error = (it, e)  # Raised in the main thread (`_raise`).
         self._cond.notify_all()
 
   def _collect(self, it: int, version: int) -> list[Trajectory]:
@@ -212,3 +306,8 @@ class Generator:
             f"the run no longer has version {version}: resume with the "
             f"staleness it was saved with")
       return self._versions[version]
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else "(no message)"

@@ -95,13 +95,49 @@ def generator(loop: Loop) -> pipeline.Generator:
   (`collect` each; with staleness its queue in <workdir>/queue), with the
   trainer's current policy published and checkpoints waiting for it."""
   c, t = loop.c, loop.trainer
+  queue = None
+  if c.staleness:
+    queue = pipeline.Queue(loop.work / "queue", queue_manifest(c))
   gen = pipeline.Generator(
       lambda it, policy: collect(loop, it, policy), staleness=c.staleness,
-      start=t.data_pos, stop=c.num_iterations,
-      queue=pipeline.Queue(loop.work / "queue") if c.staleness else None)
-  t.before_save = gen.saved
+      start=t.data_pos, stop=c.num_iterations, queue=queue)
+  t.before_save, t.after_save = gen.saved, gen.prune
   gen.publish(policy(loop))
   return gen
+
+
+# Fields that decide nothing a queue holds: where the data is read from,
+# how far the run goes (`train.num_steps`, resolved from it, stays in),
+# validation and the other jobs' blocks, diagnostics, and how the trainer
+# saves and logs.
+UNSAMPLED = ("job", "num_iterations", "data.data_dir", "validation", "eval",
+             "fit", "void_grad_every", "log_mismatch",
+             "train.checkpoint_every", "train.keep_checkpoints",
+             "train.async_checkpoints", "train.export_hf",
+             "train.tensorboard", "train.progress")
+
+
+def queue_manifest(c: ml_collections.ConfigDict,
+                   process_count: int | None = None) -> dict[str, Any]:
+  """What decides the rollouts a queue holds (`pipeline.Queue`): the
+  resolved config's fields, flat (`train.optim.lr`), less `UNSAMPLED`
+  (the rest do, through the rollouts or the policy versions that sample
+  them: when in doubt a field stays in, so a changed one is refused
+  rather than mixed in), and the host count."""
+  flat = {"process_count": (jax.process_count() if process_count is None
+                            else process_count)}
+
+  def walk(prefix: str, d: dict) -> None:
+    for key, value in d.items():
+      name = f"{prefix}{key}"
+      if any(name == u or name.startswith(u + ".") for u in UNSAMPLED):
+        continue
+      if isinstance(value, dict) and value:
+        walk(name + ".", value)
+      else:
+        flat[name] = value
+  walk("", c.to_dict())
+  return flat
 
 
 def policy(loop: Loop) -> engine_lib.Policy:

@@ -15,6 +15,14 @@ shardings, so no host or device holds more than its shard.
 A save that fails (a full disk) removes what it left half written: no
 `*.orbax-checkpoint-tmp*` directory outlives the error.
 
+Batches consumed without an optimizer step (`Trainer.skip`: every group
+filtered out) change neither the params nor the optimizer state, only the
+data position, and a checkpoint is keyed by step: a forced save at the
+step of the latest checkpoint (the end of a run) records the newer
+position in `<workdir>/checkpoints/data_pos.json` (step, the checkpoint's
+own position, the position reached; written atomically once that
+checkpoint is on disk), which `restore` applies to that checkpoint alone.
+
 A checkpoint that fails to restore is skipped for the one before it; it is
 moved aside to `<workdir>/checkpoints.unreadable/` (never deleted) only once
 an older one has restored. If none restores, nothing is moved and the error
@@ -23,6 +31,7 @@ lists why each failed.
 
 import contextlib
 import datetime
+import json
 import logging
 import pathlib
 import shutil
@@ -31,7 +40,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from swirl_jax import errors, paths
+from swirl_jax import errors, jsonl, paths
 from swirl_jax.models import hf_io
 from swirl_jax.models.config import ModelConfig
 from swirl_jax.training.state import TrainState
@@ -60,6 +69,9 @@ def atomicity(directory: pathlib.Path) -> ocp.options.AtomicityOptions | None:
       mode=ocp.options.AtomicityMode.COMMIT_FILE)
 
 
+PROGRESS = "data_pos.json"  # Batches skipped after the latest checkpoint.
+
+
 class Checkpointer:
   """Saves every `every` steps, keeps the last `keep`, resumes the latest."""
 
@@ -74,6 +86,16 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
             atomicity_options=atomicity(self.directory)))
     self._last = self._mngr.latest_step()
+    # The latest checkpoint's data positions: (its own, the one saved with
+    # it: batches skipped after it included); None until a save or the
+    # restore of the latest checkpoint.
+    self._pos: tuple[int, int] | None = None
+    self._pending: int | None = None  # Covered by a save being written.
+    self._on_disk: int | None = None  # Covered by one known written.
+
+  @property
+  def _progress(self) -> pathlib.Path:
+    return self.directory / PROGRESS
 
   def all_steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
@@ -81,20 +103,30 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
 
-  def due(self, step: int, *, force: bool = False) -> bool:
-    """Whether `save` at `step` (with `force`) writes a checkpoint."""
+  def due(self, step: int, *, force: bool = False,
+          data_pos: int | None = None) -> bool:
+    """Whether `save` at `step` (with `force`; at `data_pos`, when given)
+    writes a checkpoint, or, forced at the latest checkpoint's step with
+    batches skipped since, the position reached (`data_pos.json`)."""
     if step == self._last:
-      return False
+      return (force and data_pos is not None and self._pos is not None
+              and data_pos > self._pos[1])
     last = 0 if self._last is None else self._last  # First: at `every`.
     return force or step // self.every != last // self.every
 
   def save(self, state: TrainState, *, force: bool = False,
            extra: dict | None = None) -> bool:
-    """Saves if a multiple of `every` was reached since the last save."""
+    """Saves if a multiple of `every` was reached since the last save;
+    forced at the latest checkpoint's step, the data position alone when
+    batches were skipped since (`data_pos.json`)."""
     step = int(jax.device_get(state.step))
-    if not self.due(step, force=force):
+    data_pos = int(jax.device_get(state.data_pos))
+    if not self.due(step, force=force, data_pos=data_pos):
       return False
-    meta = dict(step=step, data_pos=int(jax.device_get(state.data_pos)),
+    if step == self._last:  # No step since: the position alone.
+      self._save_progress(step, data_pos)
+      return True
+    meta = dict(step=step, data_pos=data_pos,
                 skipped=int(jax.device_get(state.skipped)),
                 time=datetime.datetime.now().isoformat(timespec="seconds"),
                 extra=extra or {})
@@ -102,8 +134,60 @@ class Checkpointer:
       self._mngr.save(step, force=True, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state.replace(frozen=None)),
           meta=ocp.args.JsonSave(meta)))
-    self._last = step
+    # `save` waited for the one before: that one is on disk.
+    self._written(self._pending)
+    self._last, self._pos, self._pending = step, (data_pos, data_pos), data_pos
     return True
+
+  def _save_progress(self, step: int, data_pos: int) -> None:
+    """`data_pos.json`: the latest checkpoint's step, its own position and
+    `data_pos`, written once that checkpoint is on disk (a crash before
+    leaves an older checkpoint, to which it does not apply)."""
+    self.wait()
+    if jax.process_index() == 0:
+      jsonl.write_bytes(self._progress, json.dumps(dict(
+          step=step, checkpoint_data_pos=self._pos[0],
+          data_pos=data_pos)).encode())
+    self._pos = (self._pos[0], data_pos)
+    self._written(data_pos)
+
+  def _applied_progress(self, step: int, state: TrainState, meta: dict
+                        ) -> tuple[TrainState, dict]:
+    """`state` (checkpoint `step`'s) at the position `data_pos.json`
+    records for that checkpoint, if any: the batches skipped after it;
+    `meta['data_pos']` that position, `meta['checkpoint_data_pos']` the
+    checkpoint's own."""
+    own = int(jax.device_get(state.data_pos))
+    meta = {**meta, "checkpoint_data_pos": own}
+    if not self._progress.exists():
+      return state, meta
+    try:
+      p = jsonl.read_json(self._progress)
+      ours = p["step"] == step and p["checkpoint_data_pos"] == own
+      data_pos = int(p["data_pos"])
+    except (jsonl.FormatError, KeyError, TypeError, ValueError) as e:
+      logging.warning("%s unreadable (%s); resuming at step %d's own data "
+                      "position", self._progress, e, step)
+      return state, meta
+    if not ours or data_pos <= own:  # An older checkpoint's.
+      return state, meta
+    pos = jax.device_put(state.data_pos + (data_pos - own),
+                         state.data_pos.sharding)
+    return state.replace(data_pos=pos), {**meta, "data_pos": data_pos}
+
+  def _written(self, data_pos: int | None) -> None:
+    if data_pos is not None:
+      self._on_disk = max(data_pos, self._on_disk or 0)
+
+  def on_disk(self) -> int | None:
+    """The data position of the newest save known to be on disk (an
+    asynchronous one counts once written, without waiting for it): no
+    resume starts before it. None: no save or restore yet."""
+    if self._pending is not None and not self._mngr.is_saving_in_progress():
+      self.wait()  # Done: returns at once, or raises its failure.
+      self._written(self._pending)
+      self._pending = None
+    return self._on_disk
 
   @contextlib.contextmanager
   def _cleaning_up(self):
@@ -124,7 +208,14 @@ class Checkpointer:
     out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target.replace(frozen=None)),
         meta=ocp.args.JsonRestore()))
-    return out.state, out.meta
+    return self._applied_progress(step, out.state, out.meta)
+
+  def _resumed(self, step: int, meta: dict) -> None:
+    """After checkpoint `step` restored (`meta` its): if the latest, the
+    positions the next saves go from."""
+    if step == self._last:
+      self._pos = (meta["checkpoint_data_pos"], meta["data_pos"])
+      self._written(self._pos[1])
 
   def restore(self, target: TrainState, *, step: int | None = None,
               frozen: Any = None) -> tuple[TrainState, dict] | None:
@@ -147,6 +238,7 @@ class Checkpointer:
       except Exception as e:  # orbax / tensorstore raise many types.
         raise CheckpointError(f"{self.directory / str(step)}: cannot restore "
                               f"({type(e).__name__}: {e})") from e
+      self._resumed(step, meta)
       return state.replace(frozen=frozen), meta
     failures = []
     for s in reversed(steps):
@@ -158,6 +250,7 @@ class Checkpointer:
         failures.append((s, f"{type(e).__name__}: {e}"))
         continue
       self._set_aside([f for f, _ in failures])
+      self._resumed(s, meta)
       return state.replace(frozen=frozen), meta
     if failures:
       lines = "\n".join(f"  step {s}: {why[:500]}" for s, why in failures)
@@ -179,10 +272,13 @@ class Checkpointer:
       shutil.move(str(src), str(dst))
     self._mngr.reload()
     self._last = self._mngr.latest_step()
+    self._pos = None  # Its restore sets it.
 
   def wait(self) -> None:
     with self._cleaning_up():
       self._mngr.wait_until_finished()
+    self._written(self._pending)
+    self._pending = None
 
   def close(self) -> None:
     with self._cleaning_up():

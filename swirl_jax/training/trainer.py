@@ -91,6 +91,11 @@ class Trainer:
     # taken: what a resume from it needs besides the state goes to disk
     # first (e.g. rollouts sampled ahead of the update).
     self.before_save: Callable[[int], None] | None = None
+    # `after_save(data_pos)`, when set, runs once a save at `data_pos` is
+    # on disk (checked after each update, never waited for): no resume
+    # starts before it, so what only earlier positions need can go.
+    self.after_save: Callable[[int], None] | None = None
+    self._released: int | None = None  # The last position given to it.
 
   def _restore_or_create(self, params, rules):
     c, cfg = self.config, self.model_cfg
@@ -139,14 +144,30 @@ class Trainer:
     return host
 
   def _save(self, force: bool = False) -> None:
-    if self.before_save is not None and self.ckpt.due(self.step,
-                                                      force=force):
+    """A checkpoint when due (forced: also the batches skipped since the
+    latest, `Checkpointer.save`); `after_save` whenever a newer one is
+    found on disk."""
+    due = self.ckpt.due(self.step, force=force, data_pos=self.data_pos)
+    if due:  # The save before it is on disk first (it had the time).
+      self.ckpt.wait()
+      self._release()
+    if self.before_save is not None and due:
       self.before_save(self.data_pos)
     self.ckpt.save(self.state, force=force)
+    self._release()
+
+  def _release(self) -> None:
+    """`after_save` with the position saved on disk, when it moved."""
+    pos = self.ckpt.on_disk()
+    if self.after_save is not None and pos is not None and \
+        pos != self._released:
+      self._released = pos
+      self.after_save(pos)
 
   def skip(self, extra: dict[str, float] | None = None) -> None:
     """Consumes a batch without an update (e.g. every group was filtered):
-    no optimizer step, so Adam's moments do not move the params."""
+    no optimizer step, so Adam's moments do not move the params. Saved
+    with the next checkpoint, or by `close` (the position alone)."""
     self._advance_data()
     if extra:
       self.writer.write(self.step, {**extra, "skipped_batch": 1.0},
