@@ -24,12 +24,18 @@ Args: `smoke` (a 1-minute run of every stage, for tests), seed, seeds
 the held-out table's mean and spread over them in <workdir>/seeds.md;
 job `swirl_seeds`, swirl_jax/swirl/seeds.py), filters (with seeds: stage
 2 under each of the four filters and SFT on the process-filtered steps,
-beside the demo's own stage 2, all from each seed's one stage 1):
+beside the demo's own stage 2, all from each seed's one stage 1),
+first_seed (with seeds: seeds first_seed .. first_seed+seeds-1; the
+table covers every finished seed in the workdir, so a later run with
+another first_seed extends it):
 
   python -m swirl_jax.main --config=configs/demo.py:seeds=3 \
       --workdir=/tmp/swirl_demo_seeds
   python -m swirl_jax.main --config=configs/demo.py:seeds=3,filters=True \
       --workdir=/tmp/swirl_filters
+  python -m swirl_jax.main \
+      --config=configs/demo.py:seeds=2,first_seed=3 \
+      --workdir=/tmp/swirl_demo_seeds
 """
 
 import os
@@ -39,7 +45,8 @@ from swirl_jax import warmstart
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, smoke=False, seed=0, seeds=0, filters=False)
+  a = config_lib.parse_arg(arg, smoke=False, seed=0, seeds=0, first_seed=0,
+                           filters=False)
   c = config_lib.load_config_module(os.path.join(
       os.path.dirname(__file__), "swirl_synthetic_arith.py")).get_config(
           f"model=mini,judge=programmatic,runlocal,seed={a.seed}")
@@ -70,7 +77,7 @@ def get_config(arg=None):
     c.sft_train.update(num_steps=24, mini_batch_size=16,
                        checkpoint_every=20)
     c.sft_train.optim.lr = 1e-4
-  c.seeds = a.seeds
+  c.seeds, c.first_seed = a.seeds, a.first_seed
   if a.seeds:
     c.job = "swirl_seeds"
   if a.smoke:

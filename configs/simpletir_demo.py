@@ -17,15 +17,20 @@ filtering, GRPO advantages, group filters, and the clipped surrogate
 (0.2 / 0.28, dual clip 3, no KL).
 
 Outputs in the workdir: metrics.jsonl, report.md and reward.png (reward
-and void rate per iteration), rollouts/, checkpoints, warmstart/.
+and void rate per iteration), rollouts/, checkpoints, warmstart/ (with
+criterion.json: the warm start's copy-rate checks), and the held-out
+table of the base and trained policies (heldout.md, printed at the end;
+eval/).
 
 Args: filter_void, warmstart_from (a workdir whose warm start to reuse),
 smoke (a 1-minute run, for tests), seed, seeds (> 0: seeds 0 .. seeds-1
 in <workdir>/seed_<s>, each warm-started, trained and evaluated on 128
 held-out problems, avg@4, with the base policy beside it; the table's
 mean and spread in <workdir>/seeds.md; job `simpletir_seeds`,
-swirl_jax/simpletir/seeds.py), ablation ('void': with seeds, each seed
-trains the void filter on and off from its one warm start):
+swirl_jax/simpletir/seeds.py), first_seed (with seeds: seeds first_seed
+.. first_seed+seeds-1; the table covers every finished seed in the
+workdir, so a later run extends it), ablation ('void': with seeds, each
+seed trains the void filter on and off from its one warm start):
 
   python -m swirl_jax.main --config=configs/simpletir_demo.py:seeds=3 \
       --workdir=/tmp/simpletir_seeds
@@ -65,8 +70,8 @@ TIS_CAP = 2.0
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, filter_void=True, warmstart_from="",
-                           smoke=False, seed=0, seeds=0, ablation="",
-                           staleness=0)
+                           smoke=False, seed=0, seeds=0, first_seed=0,
+                           ablation="", staleness=0)
   if a.ablation not in ABLATIONS:
     raise config_lib.ConfigError(f"ablation {a.ablation!r}; valid: "
                                  f"{', '.join(map(repr, ABLATIONS))}")
@@ -81,6 +86,16 @@ def get_config(arg=None):
   # Half the demonstrations run code; the rest err in the ways GRPO and
   # the void filter are about (module docstring).
   w.mix = dict(tool=0.5, direct=0.25, bad_code=0.1, void=0.15)
+  # Until its samples copy the problem's numbers into code a quarter of
+  # the time (warmstart.py: the criterion), checked every 40 steps, by
+  # step 960 at most; the cosine decays over 480 steps, then holds. At a
+  # fixed 480 steps, seed 0 stopped where copying had only begun (sampled
+  # copy rate 0.09; 0.27 at 720, 0.33 at 840), and float rounding (one
+  # CPU's sums against another's) decided how far it got: held-out avg@4
+  # of the base 0.02 on one instruction set, 0.20 on another.
+  w.train.num_steps = 960
+  w.train.optim.decay_steps = 480
+  w.criterion.update(min_copy_rate=0.25, every=40)
   if a.warmstart_from:
     w.enabled = False
     c.model.checkpoint = c.model.tokenizer = str(
@@ -99,10 +114,11 @@ def get_config(arg=None):
   t.mini_batch_size = 64
   t.optim.lr = 2e-4  # Tool use near 0.9 in 5 iterations (1e-4: in 10).
   t.checkpoint_every = 5
-  c.seeds = a.seeds
+  c.seeds, c.first_seed = a.seeds, a.first_seed
   c.arms = ABLATIONS[a.ablation]
-  if a.seeds:
-    c.job = "simpletir_seeds"
+  # Without seeds: one run in the workdir, then the base and trained
+  # policies on the held-out problems (simpletir/seeds.py:run_heldout).
+  c.job = "simpletir_seeds" if a.seeds else "simpletir_heldout"
   if a.staleness:
     c.staleness = a.staleness
     t.loss.tis_cap = TIS_CAP
@@ -112,6 +128,8 @@ def get_config(arg=None):
   if a.smoke:
     w.update(tasks=32)
     w.train.update(num_steps=4)
+    w.train.optim.decay_steps = 0
+    w.criterion.min_copy_rate = 0.0  # 4 steps: a fixed count.
     w.train.optim.warmup_steps = 0
     c.prompts_per_step, c.grpo.group_size = 2, 4
     c.grpo.update(accuracy_band=(0.0, 1.0), drop_zero_variance=False)

@@ -43,6 +43,7 @@ JOBS: dict[str, str] = {
     "simpletir_train": "swirl_jax.simpletir.train:run",
     "simpletir_eval": "swirl_jax.simpletir.evaluate:run",
     "simpletir_seeds": "swirl_jax.simpletir.seeds:run",
+    "simpletir_heldout": "swirl_jax.simpletir.seeds:run_heldout",
     "fit": "swirl_jax.fit:run",
 }
 
@@ -54,6 +55,7 @@ TRAINING_JOBS: dict[str, tuple[str, ...]] = {
     "swirl_sft": ("sft_train",),
     "simpletir_train": ("train",),
     "simpletir_seeds": ("train",),
+    "simpletir_heldout": ("train",),
 }
 # Imported as the jobs are, only by a job that needs it.
 FIT_CHECK = "swirl_jax.fit_programs"
@@ -112,9 +114,9 @@ def _data_blocks(config) -> list[tuple[str, str | None]]:
         for s in part.split(","))
     if stages & _SWIRL_STAGES_WITH_DATA:
       sets += [(d.get(k), d.get(split) or None) for k, split in _SWIRL_DATA]
-  elif job == "simpletir_train":
+  if job in ("simpletir_train", "simpletir_heldout"):
     sets.append((d.get("train"), d.get("train_split") or None))
-  elif job == "simpletir_eval":
+  if job in ("simpletir_eval", "simpletir_heldout"):
     sets += [(spec.partition(":")[0], spec.partition(":")[2] or None)
              for spec in config.eval.datasets]
   w = config.get("warmstart")

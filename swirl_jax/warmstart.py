@@ -10,8 +10,24 @@ with gold trajectories (`synthetic.reference_turns`), so this stage
   2. records the demonstrations through the rollout loop with live tools,
      so their tokens are exactly what the loop will produce later;
   3. trains a randomly initialised `model.preset` on them with the SFT
-     loss, for a short, fixed number of steps (an imperfect policy, which
-     is what SWiRL then improves), and exports it to <workdir>/warmstart/hf.
+     loss, for a fixed number of steps or, with `criterion.min_copy_rate`,
+     until a measured criterion is reached (an imperfect policy, which is
+     what SWiRL then improves), and exports it to <workdir>/warmstart/hf.
+
+The criterion: sampling at `criterion.temperature` (the rollouts' 1.0)
+on held-out demonstration prompts (the last `criterion.tasks` of the
+demonstration split, never trained on), the share of first turns that
+call a tool with every number the problem's first step reads
+(`copy_rate`). Greedy decoding would not do: its copy rate levels off
+as soon as the right number is the likeliest token, while the sampled
+one keeps rising as the policy grows sure of it, and the policy is
+sampled. Copying the question's numbers is what a
+model from scratch learns suddenly, at a step that float rounding moves
+(one instruction set's sums against another's), so a fixed step count
+can stop just before it on one machine and just after it on another.
+Checked every `criterion.every` steps; `train.num_steps` caps it, and a
+warm start that stops at the cap without reaching it says so.
+`<workdir>/warmstart/criterion.json` holds every check.
 
 Demonstrations come from their own split and never include an evaluation
 question. A rerun resumes training, or returns at once when the export
@@ -20,6 +36,7 @@ exists.
 
 import collections
 import itertools
+import json
 import os
 import pathlib
 import re
@@ -37,6 +54,7 @@ from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import turns
 from swirl_jax.rollout.records import Trajectory
 from swirl_jax.rollout.scripted import ScriptedSampler
+from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import checkers
 from swirl_jax.tasks import demonstrations
 from swirl_jax.tasks import synthetic
@@ -71,7 +89,13 @@ def default_config() -> ml_collections.ConfigDict:
       # {style: weight} of `tasks/demonstrations.py` (styles that err at
       # known rates), every demonstration trained on; empty: gold
       # trajectories only, the correct ones trained on.
-      mix={}, train=t))
+      mix={}, train=t,
+      # 0: train num_steps steps. > 0: stop at the first check (every
+      # `every` steps) where the copy rate on `tasks` held-out
+      # demonstration prompts, one sample each at `temperature`, reaches
+      # it (module docstring).
+      criterion=dict(min_copy_rate=0.0, every=60, tasks=128,
+                     temperature=1.0, max_new_tokens=40)))
 
 
 def cpu_demo_config(fmt: str = "swirl", seed: int = 0
@@ -183,6 +207,7 @@ def run(c, workdir, tasks, tools) -> str:
   w, out = c.warmstart, hf_dir(workdir)
   if (out / "config.json").exists():
     return str(out)
+  tasks, held_out = split_held_out(w, tasks)
   base_tok = loading.load_tokenizer(c.model.get("tokenizer") or "bundled")
   styles = (demonstrations.styles(tasks, w.mix, w.fmt, c.seed) if w.mix
             else [None] * len(tasks))
@@ -217,6 +242,116 @@ def run(c, workdir, tasks, tools) -> str:
                              row_multiple=bs, min_rows=bs,
                              length_buckets=(length,))
 
-  trainer_lib.train(w.train, str(out.parent), cfg, batches, params=params,
-                    tokenizer=tok)
+  trainer = trainer_lib.Trainer(w.train, str(out.parent), cfg,
+                                params=params)
+  ok = False
+  try:
+    crit = _Criterion(c, w, tok, held_out, tools, out.parent, trainer)
+    reached = train_until(trainer, batches, w.train.num_steps,
+                          crit if crit.enabled else None, w.criterion.every)
+    if reached is False:
+      logging.warning("warm start: copy rate %.3f < %.3f at the cap of %d "
+                      "steps", crit.last, w.criterion.min_copy_rate,
+                      w.train.num_steps)
+    ok = True
+  finally:
+    trainer.close(save=ok)  # After a failure the state may be donated.
+  trainer.export_hf(tokenizer=tok)
   return str(out)
+
+
+def task_count(w) -> int:
+  """How many demonstration tasks `run` takes: its training tasks, and the
+  criterion's held-out ones after them."""
+  return w.tasks + (w.criterion.tasks if w.criterion.min_copy_rate else 0)
+
+
+def split_held_out(w, tasks):
+  """(training tasks, the criterion's held-out tasks: the last ones)."""
+  n = w.criterion.tasks if w.criterion.min_copy_rate else 0
+  if n and len(tasks) <= n:
+    raise ValueError(f"warmstart: {len(tasks)} demonstration tasks leave "
+                     f"none to train on beside criterion.tasks={n}")
+  return (tasks[:-n], tasks[-n:]) if n else (tasks, [])
+
+
+def train_until(trainer, batches, num_steps: int, check=None,
+                every: int = 0) -> bool | None:
+  """Steps of `trainer` on `batches(data_pos)` until `num_steps`, or until
+  `check(step)` holds at one of its checks (every `every` steps, and at
+  the end). Returns whether it held (None without a check)."""
+  for batch in batches(trainer.data_pos):
+    step = trainer.step
+    if step >= num_steps:
+      break
+    if check and step and step % every == 0 and check(step):
+      return True
+    trainer.update(batch)
+  return bool(check(trainer.step)) if check else None
+
+
+def first_step_numbers(task) -> set[int]:
+  """The numbers the first step of a synthetic task's solution reads."""
+  q = task.metadata["quantities"]
+  ops = task.metadata["solution_graph"][0]["operands"]
+  return {int(q[o]) if isinstance(o, str) else int(o) for o in ops}
+
+
+def copy_rate(trajs: list[Trajectory], tasks) -> float:
+  """Share of trajectories whose first turn calls a tool with every number
+  its task's first step reads (`first_step_numbers`)."""
+  ok = []
+  for traj, task in zip(trajs, tasks, strict=True):
+    turn = traj.turns[0] if traj.turns else None
+    found = {int(x) for x in re.findall(r"\d+", (turn and turn.argument)
+                                        or "")}
+    ok.append(bool(turn and turn.tool) and first_step_numbers(task) <= found)
+  return float(np.mean(ok)) if ok else 0.0
+
+
+class _Criterion:
+  """The warm start's stopping check: sampled first turns on held-out
+  demonstration prompts, their copy rate against `min_copy_rate`; every
+  check appended to criterion.json (a resumed run keeps the earlier)."""
+
+  def __init__(self, c, w, tok, tasks, tools, work: pathlib.Path, trainer):
+    self.w, self.tok, self.tasks, self.tools = w.criterion, tok, tasks, tools
+    self.fmt, self.max_len = w.fmt, c.sampler.max_cache_len
+    self.path = work / "criterion.json"
+    self.enabled = bool(self.w.min_copy_rate)
+    self.last = float("nan")
+    self.trainer = trainer
+
+  def __call__(self, step: int) -> bool:
+    sampler = Sampler(self.trainer.sampling_params(), self.trainer.model_cfg,
+                      self.tok, SamplerConfig(max_cache_len=self.max_len))
+    loop = engine_lib.RolloutEngine(
+        sampler, self.tok, self.tools, turns.RolloutConfig(
+            fmt=self.fmt, max_turns=1, temperature=self.w.temperature,
+            max_new_tokens=self.w.max_new_tokens, seed=step))
+    self.last = copy_rate(loop.run(self.tasks), self.tasks)
+    reached = self.last >= self.w.min_copy_rate
+    log = json.loads(self.path.read_text()) if self.path.exists() else []
+    log = [r for r in log if r["step"] < step] + [dict(
+        step=step, copy_rate=self.last, reached=reached,
+        min_copy_rate=self.w.min_copy_rate)]
+    if jax.process_index() == 0:
+      self.path.write_text(json.dumps(log, indent=1))
+    logging.info("warm start step %d: copy rate %.3f (criterion %.3f)",
+                 step, self.last, self.w.min_copy_rate)
+    return reached
+
+
+def criterion_line(workdir) -> str:
+  """One line on the warm start's criterion, for report.md and seeds.md
+  ('' when it had none)."""
+  path = pathlib.Path(workdir) / "warmstart" / "criterion.json"
+  if not path.exists():
+    return ""
+  last = json.loads(path.read_text())[-1]
+  if last["reached"]:
+    return (f"Warm start: copy rate {last['copy_rate']:.3f} >= "
+            f"{last['min_copy_rate']:.3f} at step {last['step']}.")
+  return (f"Warm start: copy rate {last['copy_rate']:.3f} missed "
+          f"its criterion {last['min_copy_rate']:.3f} at the cap, step "
+          f"{last['step']}.")

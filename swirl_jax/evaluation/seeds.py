@@ -96,21 +96,30 @@ def table(agg: dict, metrics: Sequence[str]) -> str:
 def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
         metrics: Sequence[str], base: str | None = "base",
         note: str = "") -> dict:
-  """Runs `run_seed(config, seed_workdir)` for seeds 0 .. c.seeds - 1
-  (skipping finished ones), reads each with `read_seed(seed_workdir)` ->
-  {policy: {metric: value}}, writes seeds.{json,md}; returns the JSON.
+  """Runs `run_seed(config, seed_workdir)` for seeds c.first_seed ..
+  c.first_seed + c.seeds - 1 (skipping finished ones), reads each with
+  `read_seed(seed_workdir)` -> {policy: {metric: value}}, writes
+  seeds.{json,md} over every finished seed in the workdir; returns the
+  JSON.
 
-  `c.only_seed` >= 0 runs that seed alone and returns None (seeds as
-  separate processes or jobs; a last run without it writes the table).
+  A table extends: a later run with another `first_seed` in the same
+  workdir adds its seeds, and the table covers them all (seed_<s> of the
+  earlier runs are read, not rerun). `c.only_seed` >= 0 runs that seed
+  alone and returns None (seeds as separate processes or jobs; a last run
+  without it writes the table).
   """
-  n = int(c.seeds)
+  n, first = int(c.seeds), int(c.get("first_seed", 0))
   if n < 1:
     raise ValueError(f"seeds {n}: a seeds job needs seeds >= 1")
+  if first < 0:
+    raise ValueError(f"first_seed {first}: must be >= 0")
+  mine = range(first, first + n)
   only = int(c.get("only_seed", -1))
-  if only >= n:
-    raise ValueError(f"only_seed {only}: not one of the {n} seeds")
+  if only >= 0 and only not in mine:
+    raise ValueError(f"only_seed {only}: not one of seeds {first}.."
+                     f"{first + n - 1}")
   work, per_seed, done = pathlib.Path(workdir), {}, {}
-  for s in range(n) if only < 0 else (only,):
+  for s in mine if only < 0 else (only,):
     sub = work / f"seed_{s}"
     if not (sub / "done.json").exists():
       logging.info("seed %d of %d: %s", s + 1, n, sub)
@@ -124,6 +133,11 @@ def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
     done[s] = json.loads((sub / "done.json").read_text())
   if only >= 0:
     return None
+  for s in sorted(_finished(work) - set(per_seed)):  # Earlier runs' seeds.
+    per_seed[s] = read_seed(str(work / f"seed_{s}"))
+    done[s] = json.loads((work / f"seed_{s}" / "done.json").read_text())
+  per_seed, done = dict(sorted(per_seed.items())), dict(sorted(done.items()))
+  n = len(per_seed)
   agg = aggregate(per_seed, metrics, base)
   runs = {str(s): dict(wall_s=d.get("wall_s"), commit=d.get("commit"))
           for s, d in done.items()}
@@ -137,6 +151,16 @@ def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
       + runs_line(runs) + "\n")
   print(md)
   print(json.dumps(out), flush=True)
+  return out
+
+
+def _finished(work: pathlib.Path) -> set[int]:
+  """Seeds with a finished run in `work` (seed_<s>/done.json)."""
+  out = set()
+  for d in work.glob("seed_*/done.json"):
+    tail = d.parent.name[len("seed_"):]
+    if tail.isdigit():
+      out.add(int(tail))
   return out
 
 

@@ -20,7 +20,8 @@ held-out avg@k per seed.
 import json
 import pathlib
 
-from swirl_jax import warmstart
+from swirl_jax import distributed, warmstart
+from swirl_jax.evaluation import agent_eval
 from swirl_jax.evaluation import seeds as seeds_lib
 from swirl_jax.simpletir import evaluate, report, train
 
@@ -101,6 +102,46 @@ def plot(c, workdir, per_seed: dict) -> None:
   seeds_lib.plot_before_after(per_seed, metric,
                               ["base"] + [a[0] for a in arms(c)],
                               work / "seeds_heldout.png")
+
+
+def run_heldout(c, workdir) -> dict:
+  """One run in `workdir` itself (job `simpletir_heldout`, the demo
+  without seeds): trains (a rerun resumes), then evaluates the base (warm
+  start) and the trained policy on the held-out problems. The table (base,
+  trained, and the gain) goes to heldout.md and report.md and is printed,
+  its JSON as the last line."""
+  work = pathlib.Path(workdir)
+  ct = c.copy_and_resolve_references()
+  ct.job, ct.train.export_hf = "simpletir_train", True
+  if not (work / "done.json").exists():
+    train.run(ct, workdir)
+  results = {}
+  for name in ("base", "trained"):
+    ce = c.copy_and_resolve_references()
+    ce.eval.policy = name
+    res = evaluate.run(ce, workdir)
+    if len(res) != 1:
+      raise ValueError("simpletir_heldout evaluates one held-out dataset; "
+                       f"config.eval.datasets has {len(res)}")
+    results[name] = next(iter(res.values()))
+  cols = (f"avg@{c.eval.k}", f"pass@{c.eval.k}", "void_rate",
+          "tool_solved_rate")
+  results["trained − base"] = {m: results["trained"][m] - results["base"][m]
+                               for m in cols if m in results["base"]}
+  md = (f"Held out: {c.eval.limit} problems, {c.eval.k} samples each at "
+        f"temperature {c.eval.temperature}.\n\n"
+        + agent_eval.table(results, cols) + "\n")
+  line = warmstart.criterion_line(work)
+  md += f"\n{line}\n" if line else ""
+  with distributed.one_writer(f"{work} heldout") as writing:
+    if writing:
+      (work / "heldout.json").write_text(json.dumps(results, indent=2))
+      (work / "heldout.md").write_text(md)
+      with open(work / "report.md", "a", encoding="utf-8") as f:
+        f.write("\n## Held out\n\n" + md)
+  print(md)
+  print(json.dumps(results), flush=True)
+  return results
 
 
 def run(c, workdir):

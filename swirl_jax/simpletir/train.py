@@ -105,7 +105,7 @@ def setup(c, workdir: str, make_sampler=None) -> stages.Loop:
   tools = registry.from_config(c.tools, data_dir)
   if c.warmstart.enabled:  # CPU runs: a mini policy.
     demos = datasets.load_tasks(c.data.train, c.warmstart.split, data_dir,
-                                c.warmstart.tasks)
+                                warmstart.task_count(c.warmstart))
     warmstart.run(c, workdir, demos, tools)
   mesh, (cfg, params, tok) = trainer_lib.load_policy(
       c.train, warmstart.model_config(c, workdir), seed=c.seed)
@@ -122,7 +122,8 @@ def setup(c, workdir: str, make_sampler=None) -> stages.Loop:
       engine_lib.RolloutEngine(sampler, tok, tools, rollout_cfg, engine_cfg),
       groups, None, tok, tools)
   if loop.forward or c.void_grad_every:
-    loop.probe = probes.Probe.for_trainer(trainer)
+    loop.probe = probes.Probe.for_trainer(
+        trainer, old_logprobs=c.old_logprobs)
   return loop
 
 

@@ -93,7 +93,8 @@ def run_warmstart(c, workdir):
     raise ValueError("the warmstart stage needs config.warmstart.enabled")
   w = c.warmstart
   tasks = datasets.load_tasks(c.data.train, w.split,
-                              c.data.get("data_dir") or None, w.tasks)
+                              c.data.get("data_dir") or None,
+                              warmstart.task_count(w))
   tools = registry.from_config(c.tools, c.data.get("data_dir") or None,
                                cache_dir=str(pathlib.Path(workdir) /
                                              "search_index"),
