@@ -1,11 +1,12 @@
 r"""Download the datasets the configs use into a data directory.
 
   python -m swirl_jax.main \
-      --config=configs/data.py:datasets=gsm8k,hotpotqa,math \
-      --workdir=$HOME/swirl_data
-  export SWIRL_JAX_DATA=$HOME/swirl_data
+      --config=configs/data.py:datasets=gsm8k,hotpotqa,math
 
-The workdir is the data directory. Files come from pinned Hugging Face Hub
+The workdir is the data directory. Without --workdir it is the one runs
+read: `$SWIRL_JAX_DATA`, else `~/.cache/swirl_jax/data` (under
+`$XDG_CACHE_HOME` if set). With another --workdir, point runs at it:
+`export SWIRL_JAX_DATA=<workdir>`. Files come from pinned Hugging Face Hub
 revisions (swirl_jax/tasks/prepare.py lists them) and are recorded in
 `<workdir>/manifest.json`; a rerun fetches only what is missing or changed.
 

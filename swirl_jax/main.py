@@ -1,5 +1,6 @@
 """Entry point: `python -m swirl_jax.main --config=configs/x.py[:args]
---workdir=DIR [--config.a.b=v]`. Dispatches on `config.job`."""
+--workdir=DIR [--config.a.b=v]`. Dispatches on `config.job`; the data job's
+workdir defaults to the data directory runs read (`paths.data_job_dir()`)."""
 
 import ast
 import logging as py_logging
@@ -14,7 +15,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from swirl_jax import distributed, errors, jobs
+from swirl_jax import distributed, errors, jobs, paths
 
 # transformers (the tokenizers' library) says at import that PyTorch is
 # missing; nothing here needs it. Nothing above imports it: config files
@@ -23,12 +24,15 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with ':args'.", lock_config=True)
-flags.DEFINE_string("workdir", None, "Where outputs and checkpoints go.")
+flags.DEFINE_string("workdir", None, "Where outputs and checkpoints go "
+                    "(the data job: where the data goes; default "
+                    "$SWIRL_JAX_DATA, else ~/.cache/swirl_jax/data).")
 flags.DEFINE_boolean("traceback", False,
                      "Show the traceback of a known user error.")
 flags.DEFINE_boolean("checkpoint_info", False,
                      "Log the checkpoint library's INFO lines.")
-flags.mark_flags_as_required(["config", "workdir"])
+# --workdir is checked in main: the data job has a default.
+flags.mark_flags_as_required(["config"])
 
 def _quiet_orbax(record) -> bool:
   """Drops the checkpoint library's INFO lines, and its threads' reports of
@@ -93,6 +97,13 @@ def _fail(line: str) -> None:
   os._exit(2)  # pylint: disable=protected-access
 
 
+def _default_workdir(config) -> str:
+  """The data job writes where runs look; every other job needs --workdir."""
+  if config.get("job") == "data":
+    return paths.data_job_dir()
+  _fail("--workdir is required (where outputs and checkpoints go)")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -105,6 +116,7 @@ def main(argv):
     _fail(f"cannot load --config: {lines[-1] if lines else e}")
   except KeyError as e:
     _fail(e.args[0])
+  workdir = workdir or _default_workdir(config)
   logging.get_absl_handler().addFilter(_quiet_orbax)
   _between_bars(logging.get_absl_handler().python_handler)
   if not flags.FLAGS.traceback:

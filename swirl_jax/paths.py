@@ -4,22 +4,34 @@ import importlib.util
 import os
 import pathlib
 
-_REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+def user_data_dir() -> str:
+  """The per-user data directory: `$XDG_CACHE_HOME/swirl_jax/data`, else
+  `~/.cache/swirl_jax/data` (it may not exist yet)."""
+  cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+  return os.path.join(cache, "swirl_jax", "data")
+
+
+def data_job_dir() -> str:
+  """Where the data job writes without --workdir: where runs will look."""
+  return os.environ.get("SWIRL_JAX_DATA") or user_data_dir()
 
 
 def default_data_dir() -> str:
-  """`$SWIRL_JAX_DATA`, else `../shared/data` beside the checkout, else ''."""
+  """`$SWIRL_JAX_DATA`, else `user_data_dir()` if it exists, else ''."""
   env = os.environ.get("SWIRL_JAX_DATA")
   if env:
     return env
-  candidate = _REPO_ROOT.parent / "shared" / "data"
-  return str(candidate) if candidate.is_dir() else ""
+  candidate = user_data_dir()
+  return candidate if os.path.isdir(candidate) else ""
 
 
-def fetch_command(datasets: str, data_dir: str = "DIR") -> str:
-  """The command line of the data job that downloads `datasets`."""
+def fetch_command(datasets: str, data_dir: str = "") -> str:
+  """The command line of the data job that downloads `datasets` into
+  `data_dir` (none: its default, `data_job_dir()`)."""
+  workdir = f" --workdir={data_dir}" if data_dir else ""
   return (f"python -m swirl_jax.main --config=configs/data.py:"
-          f"datasets={datasets} --workdir={data_dir}")
+          f"datasets={datasets}{workdir}")
 
 
 def data_file(data_dir: str | None, rel: str, what: str,
@@ -31,14 +43,15 @@ def data_file(data_dir: str | None, rel: str, what: str,
   """
   data_dir = data_dir or default_data_dir()
   if fetch:
-    how = f"fetch it with: {fetch_command(fetch, data_dir or 'DIR')}"
+    # The data job's default needs no --workdir.
+    workdir = "" if data_dir == data_job_dir() else data_dir
+    how = f"fetch it with: {fetch_command(fetch, workdir)}"
   else:
     how = "the data job does not fetch it (see the README's Data section)"
   if not data_dir:
     raise FileNotFoundError(
         f"{what}: no data directory (expected {rel} under $SWIRL_JAX_DATA or "
-        f"{_REPO_ROOT.parent / 'shared' / 'data'}); {how}"
-        + (", then export SWIRL_JAX_DATA=DIR" if fetch else ""))
+        f"{user_data_dir()}); {how}")
   path = pathlib.Path(data_dir) / rel
   if not path.is_file():
     raise FileNotFoundError(f"{what}: missing file {path}; {how}")

@@ -31,16 +31,7 @@ def smollm2():
 @pytest.fixture(scope="session")
 def demo_smoke_run(tmp_path_factory):
   """The README's demo command at smoke size, run once: its workdir."""
-  import pathlib  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  root = pathlib.Path(__file__).resolve().parents[1]
+  import testutil  # pylint: disable=g-import-not-at-top
   work = tmp_path_factory.mktemp("demo_smoke") / "work"
-  cmd = [sys.executable, "-m", "swirl_jax.main",
-         "--config=configs/demo.py:smoke", f"--workdir={work}"]
-  proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
-                        timeout=1200, check=False)
-  if proc.returncode != 0:
-    pytest.fail(f"{' '.join(cmd[1:])} failed ({proc.returncode}):\n"
-                f"{(proc.stdout + proc.stderr)[-3000:]}")
+  testutil.run_main("--config=configs/demo.py:smoke", f"--workdir={work}")
   return work

@@ -1,18 +1,18 @@
 """Golden decode outputs: what the contiguous slot cache produced before
 the page pool replaced it, kept in tests/data/decode_golden.json.
 
-`outputs(engine_kw)` runs a fixed set of cases through the public paths
-(`Sampler.generate`, `RolloutEngine.run`) on random-weight tiny / mini
-presets: token ids and log-probs, greedy and seeded, several prompt shapes,
-a stop string, a crossing of a cache bucket, a Gemma-2-like model (sliding
-window, soft-caps) and multi-turn rollouts with the calculator. The file
-was written by running this module against the slot cache (the old
-stack); tests/test_pages.py compares the page pool's outputs with it.
+The cases run through the public paths (`Sampler.generate`,
+`RolloutEngine.run`) on random-weight tiny / mini presets: token ids and
+log-probs, greedy and seeded, several prompt shapes, a stop string, a
+crossing of a cache bucket, a Gemma-2-like model (sliding window,
+soft-caps) and multi-turn rollouts with the calculator. tests/test_pages.py
+runs them on the page pool and compares with the file.
 
-  PYTHONPATH=. python tests/decode_golden.py   # Rewrites the file.
+The file is a record of the old stack, written once (its provenance:
+tests/data/decode_golden.md). Nothing here writes it: rewritten from the
+current code, it would compare the page pool with itself.
 """
 
-import json
 import os
 import pathlib
 import sys
@@ -136,24 +136,3 @@ def engine_run(preset: str, temperature: float, engine_kw=None,
   trajs = runner.run(synthetic.arithmetic_tasks(3, seed=2),
                      samples_per_task=2)
   return trajs, runner, (cfg, params)
-
-
-def engine_cases() -> dict:
-  """The engine's rollouts on tiny and mini, greedy and seeded."""
-  out = {}
-  for preset in ("tiny", "mini"):
-    for temperature in (0.0, 1.0):
-      trajs, _, _ = engine_run(preset, temperature)
-      out[f"engine_{preset}_{temperature}"] = trajs_json(trajs)
-  return out
-
-
-def outputs() -> dict:
-  jax.config.update("jax_default_matmul_precision", "highest")
-  return dict(generate_cases(), **engine_cases())
-
-
-if __name__ == "__main__":
-  got = outputs()
-  PATH.write_text(json.dumps(got))
-  print(f"wrote {PATH} ({len(got)} cases)")

@@ -13,6 +13,8 @@ import numpy as np
 from tensorboardX import summary as tb_summary
 from tensorboardX.proto import event_pb2
 
+import testutil  # pylint: disable=g-bad-import-order
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODES = ("before", "after", "torn")
 
@@ -54,8 +56,7 @@ def kill_and_resume(scenario: str, work, cache, plan) -> None:
   assert proc.returncode == 0, (plan, proc.stderr[-3000:])
 
 
-def records(path) -> list[dict]:
-  return [json.loads(l) for l in pathlib.Path(path).read_text().splitlines()]
+records = testutil.read_jsonl  # The name the resume tests call it by.
 
 
 def assert_same_records(got: list[dict], want: list[dict], rtol=1e-5):
@@ -103,9 +104,7 @@ def assert_tensorboard_matches(workdir) -> None:
 
 def assert_same_params(got_hf, want_hf) -> None:
   """The two Hugging Face exports hold the same weights, bit for bit."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  got = load_file(str(pathlib.Path(got_hf) / "model.safetensors"))
-  want = load_file(str(pathlib.Path(want_hf) / "model.safetensors"))
+  got, want = testutil.load_weights(got_hf), testutil.load_weights(want_hf)
   assert sorted(got) == sorted(want)
   for k in want:
     np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -7,7 +7,6 @@ never reaches the trainer.
 Killed -9 and resumed: tests/test_resume_simpletir.py. Two processes
 against one: tests/test_multihost.py."""
 
-import json
 import pathlib
 import time
 
@@ -23,12 +22,12 @@ from swirl_jax.training import trainer as trainer_lib
 
 import resume_checks
 import simpletir_script
+import testutil
 
 GOLDEN = pathlib.Path(__file__).parent / "data" / "simpletir_sync"
 
 
-def _lines(path):
-  return [json.loads(l) for l in pathlib.Path(path).read_text().splitlines()]
+_lines = testutil.read_jsonl
 
 
 def test_staleness_0_equals_the_synchronous_loop(tmp_path, monkeypatch):

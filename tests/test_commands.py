@@ -15,9 +15,12 @@ how each kind runs. Runs of minutes (the demos, the CPU pipelines on
 synthetic data, the fit job, benchmarks) are marked long and run only with
 SWIRL_JAX_LONG_COMMANDS=1, at smoke size where a config has one; the demos
 at smoke size are also run by tests/test_demo.py and tests/test_simpletir.py.
-In that mode every command gets the data directory when one is found
-(`paths.default_data_dir()`), so the CPU pipelines (`runlocal`) run to
-their end.
+In that mode every command but the data job's gets the data directory
+when one is found (`paths.default_data_dir()`), so the CPU pipelines
+(`runlocal`) run to their end, and a command that then fails for want of
+data must name a file the data directory truly lacks (`_truly_absent`):
+"no data directory", or a missing file the directory holds, fails the
+test. The data job gets none: without --workdir it would write there.
 
 The pages are also checked for what they name: every repository path
 (`swirl_jax/...`, `configs/...`, `docs/...`, ...) and every relative link
@@ -43,6 +46,7 @@ LONG = os.environ.get("SWIRL_JAX_LONG_COMMANDS") == "1"
 # a python command without a match runs.
 RULES = (
     ("pip install", "skip: the installation itself (CI runs it)"),
+    ("-m venv", "skip: makes the environment the installation goes in"),
     ("-m pytest", "skip: the test suite itself"),
     ("apt-get", "skip: installs system packages"),
     ("configs/<x>.py", "skip: the command's form, not a command"),
@@ -164,18 +168,43 @@ def _data_dir() -> str:
   return paths.default_data_dir() or ""
 
 
-def _env(base: pathlib.Path) -> dict:
+def _given_data(cmd: str) -> str:
+  """The data directory `cmd` runs with ('' for none, as a newcomer)."""
+  return _data_dir() if LONG and "configs/data.py" not in cmd else ""
+
+
+def _env(base: pathlib.Path, cmd: str) -> dict:
+  # XDG_CACHE_HOME too: the default data directory lies under it.
   env = {k: v for k, v in os.environ.items()
-         if k not in ("SWIRL_JAX_DATA", "PYTHONPATH")}
-  if LONG and _data_dir():
-    env["SWIRL_JAX_DATA"] = _data_dir()
+         if k not in ("SWIRL_JAX_DATA", "PYTHONPATH", "XDG_CACHE_HOME")}
+  if _given_data(cmd):
+    env["SWIRL_JAX_DATA"] = _given_data(cmd)
   return dict(env, HOME=str(base / "home"), PYTHONPATH=str(base /
                                                           "swirl_jax"),
               HF_HUB_OFFLINE="1", DRY_RUN="1", SWIRL_JAX_SKIP_FIT_CHECK="1")
 
 
-def _check(proc, cmd: str) -> None:
-  """Status 0, or 2 with one `error:` line, last, naming what is absent."""
+def _truly_absent(last: str, data: str, cwd: pathlib.Path) -> bool:
+  """Whether what the error line `last` names as absent is absent: no
+  data directory only where none was given, a missing data file only if
+  the given one lacks it too, a missing checkpoint only if its path does
+  not exist."""
+  if "no data directory" in last:
+    return not data
+  m = re.search(r"missing file (\S+?);", last)
+  if m and data:  # <data dir>/<dataset>/<file>: the same file in ours.
+    return not pathlib.Path(data, *pathlib.Path(m[1]).parts[-2:]).exists()
+  m = re.match(r"error: (\S+): checkpoint is missing", last)
+  if m:
+    return not (cwd / m[1]).exists()
+  return True
+
+
+def _check(proc, cmd: str, data: str = "",
+           cwd: pathlib.Path = ROOT) -> None:
+  """Status 0, or 2 with one `error:` line, last, naming what is absent
+  (and truly absent: `_truly_absent`) when the command ran with `data`
+  as its data directory from `cwd`."""
   out = (proc.stdout + proc.stderr)[-3000:]
   assert "Traceback" not in proc.stderr, f"{cmd}\n{out}"
   assert proc.returncode in (0, 2), f"{cmd}: status {proc.returncode}\n{out}"
@@ -187,6 +216,9 @@ def _check(proc, cmd: str) -> None:
     assert any(a in last for a in ABSENT), (
         f"{cmd}: fails for a reason other than something absent "
         f"({', '.join(ABSENT)}):\n{last}")
+    assert _truly_absent(last, data, cwd), (
+        f"{cmd}: names as absent what is there (data directory "
+        f"{data or 'none'}):\n{last}")
 
 
 def test_commands_are_found_and_classified():
@@ -212,9 +244,28 @@ def test_documented_command(cmd, clone):
   if "$W" in script:
     script = f"W={clone}/tmp/swirl_demo; {script}"
   proc = subprocess.run(["bash", "-c", script], cwd=clone / "swirl_jax",
-                        env=_env(clone), capture_output=True, text=True,
+                        env=_env(clone, cmd), capture_output=True, text=True,
                         timeout=3600 if LONG else 300, check=False)
-  _check(proc, cmd)
+  _check(proc, cmd, _given_data(cmd), clone / "swirl_jax")
+
+
+def test_check_fails_a_command_that_misses_data_that_is_there(tmp_path):
+  """With a data directory given, "no data directory" and a missing file
+  the directory holds fail; a file it lacks, or no directory given, pass."""
+  (tmp_path / "gsm8k").mkdir()
+  (tmp_path / "gsm8k" / "train.jsonl").write_text("")
+  def ends(line):
+    return subprocess.CompletedProcess([], 2, "", f"log\nerror: {line}\n")
+  no_dir = ends("gsm8k split 'train': no data directory (expected ...)")
+  held = ends("x: missing file /elsewhere/gsm8k/train.jsonl; fetch it")
+  lacked = ends(f"x: missing file {tmp_path}/math/aime24.parquet; fetch it")
+  for proc in (no_dir, held):
+    with pytest.raises(AssertionError, match="names as absent"):
+      _check(proc, "cmd", str(tmp_path))
+    _check(proc, "cmd")  # A newcomer: nothing given, truly absent.
+  _check(lacked, "cmd", str(tmp_path))
+  with pytest.raises(AssertionError, match="names as absent"):
+    _check(ends(f"{tmp_path}: checkpoint is missing (a .gguf file)"), "cmd")
 
 
 # ------------------------------------------------------ what pages name

@@ -5,11 +5,14 @@ import json
 import pathlib
 
 from matplotlib import image as mpimg
+import numpy as np
 
 from swirl_jax.rollout.records import Trajectory, read_jsonl
 from swirl_jax import warmstart
 from swirl_jax.swirl import jobs
 from swirl_jax.tasks import datasets
+
+import testutil  # pylint: disable=g-bad-import-order
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,6 +40,20 @@ def test_demo_smoke(demo_smoke_run):
               void_rate=1.0, turn_cap_rate=0.0, overlong_rate=0.0,
               tool_use_rate=0.0, tool_solved_rate=0.0)
   assert results == {"base": want, "rl": want}
+  # Equal figures, so what tells the policies apart: the eval loaded each
+  # from its own export, and stage 2 trained the one it exported.
+  assert json.loads((work / "eval" / "weights.json").read_text()) == {
+      "base": str(hf), "rl": str(work / c.rl_name / "hf")}
+  rows = testutil.read_jsonl(work / c.rl_name / "metrics.jsonl")
+  assert [r["step"] for r in rows] == list(range(1, c.rl_iterations + 1))
+  assert all(r["num_loss_rows"] > 0 for r in rows)
+  # The smoke run's rewards are all 0 (no GOOD step), hence zero
+  # gradients: the weights move exactly when some gradient was not 0.
+  base, rl = testutil.load_weights(hf), testutil.load_weights(
+      work / c.rl_name / "hf")
+  assert sorted(base) == sorted(rl)
+  moved = any(not np.array_equal(base[k], rl[k]) for k in base)
+  assert moved == any(r["grad_norm"] > 0 for r in rows)
   text = (work / "report.md").read_text()
   assert "| base |" in text and "| rl |" in text and "Stage 2" in text
   # The plots at their figure sizes, 100 dpi: 6 x 3.5 in, and 6 in by 0.4 in

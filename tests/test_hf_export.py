@@ -16,6 +16,7 @@ import torch
 import transformers
 
 import hf_models
+import testutil
 from swirl_jax.models import decoder, hf_io
 
 # (family, tied embeddings, max_shard_bytes): one case writes many shards.
@@ -40,10 +41,7 @@ def _left_padded(vocab, lengths, total, seed=0):
 def _hf_logits(path, tokens, mask, positions):
   model = transformers.AutoModelForCausalLM.from_pretrained(
       path, dtype=torch.float32, attn_implementation="eager")
-  with torch.no_grad():
-    return model(input_ids=torch.tensor(tokens),
-                 attention_mask=torch.tensor(mask.astype(np.int64)),
-                 position_ids=torch.tensor(positions)).logits.numpy()
+  return testutil.hf_logits(model, tokens, mask, positions)
 
 
 def _ints_stay_ints(src: dict, out: dict, prefix=""):

@@ -1,21 +1,25 @@
 """Judge calibration: agreement with the exact step labels of synthetic
-tasks (hand-computed kappa; the job through main, right and wrong judges)."""
+tasks (hand-computed kappa; the programmatic reference against the labels
+the test's trajectories were built with; the job through main, right and
+wrong judges)."""
 
 import http.server
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import threading
 
 import pytest
 
 from swirl_jax import config_lib
+from swirl_jax import judges
 from swirl_jax.judges import calibration
+from swirl_jax.rollout import decompose
 from swirl_jax.rollout.records import Trajectory, Turn, write_jsonl
 from swirl_jax.swirl import calibration as job
+from swirl_jax.swirl import stage1
 from swirl_jax.tasks import datasets, synthetic
+
+import testutil  # pylint: disable=g-bad-import-order
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEMO = str(ROOT / "configs" / "demo.py")
@@ -62,8 +66,13 @@ def _config():
   return config_lib.load_config_module(DEMO).get_config("smoke=True")
 
 
+WRONG_CALL = "<math_exp>1234567*3</math_exp>"  # No value of any graph.
+
+
 def _workdir(tmp_path) -> tuple[str, int, int]:
-  """Stage 1 of 3 tasks: a gold trajectory and a wrong one each."""
+  """Stage 1 of 3 tasks: a gold trajectory (sample 0, every step GOOD) and
+  a wrong one (sample 1: a call to no value of the task's, then the answer
+  plus one; both BAD) each."""
   c = _config()
   tasks = datasets.load_tasks(c.data.train, c.data.train_split, None,
                               c.data.train_limit)[:3]
@@ -72,7 +81,7 @@ def _workdir(tmp_path) -> tuple[str, int, int]:
     gold = [Turn(text=s["action"], observation=s["observation"] or "")
             for s in synthetic.reference_turns(t)]
     good += len(gold)
-    wrong = [Turn(text="<math_exp>1234567*3</math_exp>", observation="x"),
+    wrong = [Turn(text=WRONG_CALL, observation="x"),
              Turn(text=f"<answer>{int(t.answer) + 1}</answer>")]
     trajs += [Trajectory(task_id=t.id, prompt=t.question, turns=gold),
               Trajectory(task_id=t.id, sample_index=1, prompt=t.question,
@@ -82,14 +91,34 @@ def _workdir(tmp_path) -> tuple[str, int, int]:
   return str(tmp_path), good, 2 * len(tasks)
 
 
-def test_job_programmatic_against_itself_through_main(tmp_path):
+def test_programmatic_judge_against_the_labels_built_in(tmp_path):
+  """The job's reference, step by step, against labels set by hand when
+  the trajectories were written (not by any judge): kappa 1."""
   work, good, bad = _workdir(tmp_path)
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  out = subprocess.run(
-      [sys.executable, "-m", "swirl_jax.main", f"--config={DEMO}:smoke",
-       f"--workdir={work}", "--config.job=judge_calibration"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-      check=True)
+  c = _config()
+  units = decompose.decompose_all(
+      stage1.read_trajectories(str(pathlib.Path(work) / "stage1")))
+  hand = [int(u.trajectory_id.endswith("/0")) for u in units]
+  assert (sum(hand), len(hand) - sum(hand)) == (good, bad)
+  wrong = [u.action_text for u, h in zip(units, hand) if not h]
+  assert wrong.count(WRONG_CALL) == 3  # The hand-written BAD steps.
+  tasks = datasets.load_tasks(c.data.train, c.data.train_split, None,
+                              c.data.train_limit)
+  got = judges.ProgrammaticJudge(tasks).label(
+      [u.state_text for u in units], [u.action_text for u in units],
+      task_ids=[u.task_id for u in units])
+  a = calibration.agreement([int(g) for g in got], hand)
+  assert a["confusion"] == [[bad, 0], [0, good]]
+  assert a["kappa"] == 1.0
+
+
+def test_job_through_main(tmp_path):
+  """The job's plumbing: the programmatic judge against itself (kappa 1
+  by definition; its labels are checked above), the counts by hand."""
+  work, good, bad = _workdir(tmp_path)
+  out = testutil.run_main(f"--config={DEMO}:smoke", f"--workdir={work}",
+                         "--config.job=judge_calibration", timeout=300,
+                         env=testutil.cpu_env())
   rep = json.loads(out.stdout.strip().splitlines()[-1])
   assert rep["kappa"] == 1.0 and rep["agreement"] == 1.0
   assert rep["confusion"] == [[bad, 0], [0, good]]

@@ -4,7 +4,6 @@ gcloud, sbatch and srun are fakes on PATH that record their arguments, so
 nothing here touches a network or a cluster.
 """
 
-import json
 import os
 import pathlib
 import shlex
@@ -13,6 +12,8 @@ import subprocess
 import sys
 
 import pytest
+
+import testutil
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 LAUNCH = REPO / "launch"
@@ -72,7 +73,7 @@ class Fakes:
   def calls(self):
     if not self.calls_path.exists():
       return []
-    return [json.loads(l) for l in self.calls_path.read_text().splitlines()]
+    return testutil.read_jsonl(self.calls_path)
 
   def run(self, script, *args, env=None, cwd=None):
     full_env = {k: v for k, v in os.environ.items() if k not in _SCRIPT_ENV}

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hf_models
+import testutil
 from swirl_jax.models import decoder, gguf_io, hf_io, paged, presets
 from swirl_jax.models.config import (Llama3RopeScaling, ModelConfig,
                                      from_hf_config, to_hf_config)
@@ -31,13 +32,6 @@ def _padded_batch(rng, vocab, lengths, total, left):
   return tokens, mask, positions
 
 
-def _hf_logits(model, tokens, mask, positions):
-  with torch.no_grad():
-    return model(input_ids=torch.tensor(tokens),
-                 attention_mask=torch.tensor(mask.astype(np.int64)),
-                 position_ids=torch.tensor(positions)).logits.numpy()
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
 @pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
 @pytest.mark.parametrize("query_block", [0, 6], ids=["one_block", "blocks"])
@@ -50,7 +44,7 @@ def test_parity_with_transformers(family, left, query_block, tmp_path):
   rng = np.random.RandomState(0)
   # Gemma 2's window is 8: sequences of 20 cross it.
   tokens, mask, pos = _padded_batch(rng, cfg.vocab_size, [20, 13, 1], 20, left)
-  ref = _hf_logits(model, tokens, mask, pos)
+  ref = testutil.hf_logits(model, tokens, mask, pos)
   ours, _ = decoder.forward(params, cfg, jnp.asarray(tokens),
                             jnp.asarray(pos), jnp.asarray(mask))
   ours = np.asarray(ours)
@@ -156,7 +150,7 @@ def test_smollm2_gguf_matches_transformers(smollm2, tmp_path):
       tmp_path, dtype=torch.float32, attn_implementation="eager")
   tokens, mask, pos = _padded_batch(np.random.RandomState(0), cfg.vocab_size,
                                     [16, 9], 16, left=True)
-  ref = _hf_logits(model, tokens, mask, pos)
+  ref = testutil.hf_logits(model, tokens, mask, pos)
   ours, _ = decoder.forward(params, cfg, jnp.asarray(tokens),
                             jnp.asarray(pos), jnp.asarray(mask))
   assert np.abs(np.asarray(ours) - ref)[mask].max() < 1e-3

@@ -27,6 +27,7 @@ from swirl_jax import sharding
 from swirl_jax.swirl import stage1
 
 import resume_checks
+import testutil
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WORKER = pathlib.Path(__file__).resolve().parent / "multihost_worker.py"
@@ -215,8 +216,7 @@ def _readable(work: pathlib.Path) -> None:
 
 
 def _params(work: pathlib.Path) -> dict:
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  return load_file(work / "hf" / "model.safetensors")
+  return testutil.load_weights(work / "hf")
 
 
 def _compare_params(one: dict, two: dict) -> None:
@@ -349,8 +349,7 @@ def test_swirl_stages_on_two_hosts_match_one(tmp_path):
 
 
 def _shard_lines(directory: pathlib.Path) -> list[dict]:
-  return [r for p in sorted(directory.glob("shard_*.jsonl"))
-          for r in jsonl.read(p, torn_tail=True)]
+  return testutil.shard_rows(directory, torn_tail=True)
 
 
 def test_stage1_host_killed_then_rerun_has_each_pair_once(tmp_path):

@@ -10,12 +10,12 @@ import ast
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from swirl_jax import config_lib, paths
+
+import testutil  # pylint: disable=g-bad-import-order
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAPER_CONFIGS = ("simpletir_math", "swirl_gsm8k", "swirl_hotpotqa",
@@ -104,9 +104,7 @@ def test_key_values_the_brief_fixes():
 
 
 def _fails(*args, want: str):
-  proc = subprocess.run([sys.executable, "-m", "swirl_jax.main", *args],
-                        cwd=ROOT, capture_output=True, text=True,
-                        timeout=600, check=False)
+  proc = testutil.run_main(*args, rc=None, timeout=600)
   last = proc.stderr.strip().splitlines()[-1]
   assert proc.returncode == 2 and last.startswith("error: "), proc.stderr
   assert want in last, last

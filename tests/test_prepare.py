@@ -2,8 +2,9 @@
 path up to the network call.
 
 There is no network here, so the Hub is played by a Hugging Face cache
-directory built from the copies in ../shared/data, each written in the
-layout its Hub repo holds (parquet with struct columns, JSONL...). The job
+directory built from the copies in the data directory
+(`paths.default_data_dir()`), each written in the layout its Hub repo
+holds (parquet with struct columns, JSONL...). The job
 must turn them back into the project's files: byte for byte where the
 project's file is the upstream one (GSM8K, HotPotQA), task for task where
 it is a conversion (MATH, AIME).
@@ -98,7 +99,7 @@ def _hub_files(data):
                            "answer": r["reward_model"]["ground_truth"],
                            "id": r["id"]}
                           for r in rows("math/aime25.parquet")]),
-      # Not in ../shared/data: made-up rows in the columns of the Hub copy
+      # Not in the data directory: made-up rows in the columns of the Hub copy
       # (answers as floats).
       ("math-ai/amc23", "test-00000-of-00001.parquet"):
           (_write_parquet, AMC_ROWS),
@@ -303,6 +304,23 @@ def test_download_failure_is_one_line(hub, tmp_path, monkeypatch):
   assert not (tmp_path / "manifest.json").exists()
 
 
+def test_default_data_dir_env_then_per_user_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+  monkeypatch.delenv("SWIRL_JAX_DATA", raising=False)
+  home = tmp_path / "home" / ".cache" / "swirl_jax" / "data"
+  assert paths.user_data_dir() == paths.data_job_dir() == str(home)
+  assert paths.default_data_dir() == ""  # Not made yet: no data.
+  home.mkdir(parents=True)
+  assert paths.default_data_dir() == str(home)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  xdg = str(tmp_path / "xdg" / "swirl_jax" / "data")
+  assert paths.user_data_dir() == paths.data_job_dir() == xdg
+  monkeypatch.setenv("SWIRL_JAX_DATA", str(tmp_path / "mine"))
+  assert paths.default_data_dir() == paths.data_job_dir() == str(
+      tmp_path / "mine")
+
+
 def test_missing_data_names_the_command(tmp_path, monkeypatch):
   with pytest.raises(FileNotFoundError) as e:
     datasets.load_tasks("gsm8k", "train", data_dir=str(tmp_path))
@@ -317,12 +335,12 @@ def test_missing_data_names_the_command(tmp_path, monkeypatch):
   monkeypatch.setattr(paths, "default_data_dir", lambda: "")
   with pytest.raises(FileNotFoundError) as e:
     datasets.load_tasks("hotpotqa", "train")
+  # No --workdir: the data job's default is where runs look.
   assert str(e.value) == (
       "hotpotqa split 'train': no data directory (expected "
       "hotpotqa/hotpotqa_train.json under $SWIRL_JAX_DATA or "
-      f"{ROOT.parent / 'shared' / 'data'}); fetch it with: python -m "
-      "swirl_jax.main --config=configs/data.py:datasets=hotpotqa "
-      "--workdir=DIR, then export SWIRL_JAX_DATA=DIR")
+      f"{paths.user_data_dir()}); fetch it with: python -m "
+      "swirl_jax.main --config=configs/data.py:datasets=hotpotqa")
   assert "\n" not in str(e.value)
 
 

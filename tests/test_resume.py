@@ -8,12 +8,12 @@ from swirl_jax import jsonl
 from swirl_jax.training import metrics as metrics_lib
 
 import resume_checks as checks
+import testutil
 
 
 def _trajectories(stage1_dir):
-  lines = [json.loads(l) for p in sorted(stage1_dir.glob("shard_*.jsonl"))
-           for l in p.read_text().splitlines()]
-  return sorted(lines, key=lambda r: (r["task_id"], r["sample_index"]))
+  return sorted(testutil.shard_rows(stage1_dir),
+                key=lambda r: (r["task_id"], r["sample_index"]))
 
 
 def test_swirl_pipeline_killed_and_resumed_equals_an_uninterrupted_run(

@@ -2,15 +2,14 @@
 the driver through main on the smoke config."""
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from swirl_jax import config_lib
 from swirl_jax.evaluation import seeds
+
+import testutil  # pylint: disable=g-bad-import-order
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -54,13 +53,10 @@ def test_aggregate_and_table_by_hand():
 
 def test_demo_over_two_seeds_through_main(tmp_path):
   # The base policy alone (warm start, eval): the driver is what is tested.
-  cmd = [sys.executable, "-m", "swirl_jax.main",
-         f"--config={ROOT / 'configs' / 'demo.py'}:smoke=True,seeds=2",
-         f"--workdir={tmp_path}", "--config.stages=warmstart,eval",
-         "--config.eval.policies=base"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600, check=True)
+  args = (f"--config={ROOT / 'configs' / 'demo.py'}:smoke=True,seeds=2",
+          f"--workdir={tmp_path}", "--config.stages=warmstart,eval",
+          "--config.eval.policies=base")
+  out = testutil.run_main(*args, timeout=600, env=testutil.cpu_env())
   rep = json.loads(out.stdout.strip().splitlines()[-1])
   assert rep == json.loads((tmp_path / "seeds.json").read_text())
   assert rep["seeds"] == 2 and set(rep["policies"]) == {"base"}
@@ -79,7 +75,39 @@ def test_demo_over_two_seeds_through_main(tmp_path):
   r = json.loads(res.read_text())
   r["base"]["accuracy"] = 7.0
   res.write_text(json.dumps(r))
-  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=120, check=True)
+  out = testutil.run_main(*args, timeout=120, env=testutil.cpu_env())
   rep = json.loads(out.stdout.strip().splitlines()[-1])
   assert rep["policies"]["base"]["accuracy"]["max"] == 7.0
+
+
+def test_first_seed_extends_the_table(tmp_path):
+  """`first_seed` runs seeds N .. N+seeds-1 in the same workdir; the table
+  then covers every finished seed, the earlier ones read, not rerun."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  ran = []
+
+  def run_seed(c, workdir):
+    ran.append(c.seed)
+    p = pathlib.Path(workdir)
+    p.mkdir(parents=True, exist_ok=True)
+    (p / "r.json").write_text(json.dumps(
+        {"base": {"acc": 0.1 * c.seed}, "rl": {"acc": 0.2 * c.seed + 0.1}}))
+
+  def read_seed(workdir):
+    return json.loads((pathlib.Path(workdir) / "r.json").read_text())
+
+  def job(seeds_, first):
+    c = ml_collections.ConfigDict(dict(seed=0, seeds=seeds_,
+                                       first_seed=first))
+    return seeds.run(c, str(tmp_path), run_seed=run_seed,
+                     read_seed=read_seed, metrics=("acc",))
+  first = job(2, 0)
+  assert ran == [0, 1] and first["seeds"] == 2
+  out = job(2, 2)
+  assert ran == [0, 1, 2, 3]  # Seeds 0 and 1 were read, not rerun.
+  assert out["seeds"] == 4 and list(out["per_seed"]) == ["0", "1", "2", "3"]
+  assert out["policies"]["base"]["acc"]["max"] == pytest.approx(0.3)
+  assert out["policies"]["rl − base"]["acc"]["mean"] == pytest.approx(
+      0.1 + 0.1 * 1.5)
+  with pytest.raises(ValueError, match="first_seed -1"):
+    job(1, -1)

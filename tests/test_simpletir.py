@@ -2,8 +2,6 @@
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +15,10 @@ from swirl_jax.simpletir import grpo, report, void
 from swirl_jax.training import step as step_lib
 
 import simpletir_script  # pylint: disable=g-bad-import-order
+import testutil  # pylint: disable=g-bad-import-order
 
-# METHODS.md: a void turn has neither a complete code block nor a final
-# answer; an unclosed (truncated) block is void.
+# SimpleTIR (arXiv 2509.02479): a void turn has neither a complete code
+# block nor a final answer; an unclosed (truncated) block is void.
 VOID_TABLE = [
     ("Let me think about it more.", True),
     ("```python\nprint(1+1)\n```\n", False),
@@ -251,14 +250,7 @@ def test_grpo_iteration_with_real_tiny_model(tmp_path):
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _main(*args, rc=0):
-  cmd = [sys.executable, "-m", "swirl_jax.main", *args]
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                        timeout=1200, check=False)
-  if proc.returncode != rc:
-    pytest.fail(f"{' '.join(cmd[1:])} exited {proc.returncode}, not {rc}:\n"
-                f"{(proc.stdout + proc.stderr)[-3000:]}")
-  return proc
+_main = testutil.run_main
 
 
 @pytest.fixture(scope="module")
@@ -291,9 +283,7 @@ def test_simpletir_demo_config_runs_and_reuses_its_warm_start(demo_runs):
   assert rows[0]["rows_in_loss"] == 8
 
 
-def _weights(hf):
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  return load_file(str(hf / "model.safetensors"))
+_weights = testutil.load_weights
 
 
 def test_simpletir_eval_evaluates_the_trained_policy(demo_runs, tmp_path):

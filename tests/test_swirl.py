@@ -79,7 +79,11 @@ def test_easy_tasks():
   two = Trajectory(task_id="b", outcome=True, turns=[
       Turn(tool="search"), Turn(tool="search"), Turn(answer="x")])
   wrong = Trajectory(task_id="c", outcome=False, turns=[Turn(answer="x")])
-  assert stage2 and stage1.easy_tasks([one, two, wrong]) == {"a"}
+  trajs = [one, two, wrong]
+  assert stage1.easy_tasks(trajs) == {"a"}
+  # The bound is the argument's: two calls make "b" easy, none leaves "a".
+  assert stage1.easy_tasks(trajs, max_calls=2) == {"a", "b"}
+  assert stage1.easy_tasks(trajs, max_calls=0) == set()
 
 
 def _units(n):

@@ -1,4 +1,5 @@
-"""Void turns (METHODS.md): neither a complete code block nor a final answer.
+"""Void turns (SimpleTIR, arXiv 2509.02479): neither a complete code block
+nor a final answer.
 
 A trajectory with one void turn is masked out of the policy loss whole, yet
 keeps its place in its GRPO group's reward statistics.

@@ -1,9 +1,12 @@
 r"""The data job: downloads the datasets the configs use into a data dir.
 
   python -m swirl_jax.main \
-      --config=configs/data.py:datasets=gsm8k,hotpotqa,math \
-      --workdir=$HOME/swirl_data
-  export SWIRL_JAX_DATA=$HOME/swirl_data
+      --config=configs/data.py:datasets=gsm8k,hotpotqa,math
+
+Without --workdir it writes where runs look (`paths.data_job_dir()`:
+`$SWIRL_JAX_DATA`, else `~/.cache/swirl_jax/data`, under
+`$XDG_CACHE_HOME` if set); another --workdir needs
+`export SWIRL_JAX_DATA=<it>` for runs to find it.
 
 Each file comes from a Hugging Face Hub dataset repo pinned to a commit
 (`SOURCES`), fetched with `huggingface_hub.hf_hub_download` (kept in the
@@ -60,7 +63,7 @@ import huggingface_hub
 import pyarrow
 import pyarrow.parquet as pq
 
-from swirl_jax import errors, jsonl
+from swirl_jax import errors, jsonl, paths
 from swirl_jax.tasks import datasets
 from swirl_jax.tools import search
 
@@ -452,6 +455,13 @@ def prepare(names, data_dir, c) -> dict:
 def run(config, workdir: str) -> dict:
   """The `data` job: the data dir is the workdir."""
   manifest = prepare(tuple(config.datasets), workdir, config)
-  logging.info("data ready in %s; point the configs at it with: "
-               "export SWIRL_JAX_DATA=%s", workdir, workdir)
+  if _same_dir(workdir, paths.default_data_dir()):
+    logging.info("data ready in %s, where runs look for it", workdir)
+  else:
+    logging.info("data ready in %s; point the configs at it with: "
+                 "export SWIRL_JAX_DATA=%s", workdir, workdir)
   return manifest
+
+
+def _same_dir(a: str, b: str) -> bool:
+  return bool(b) and pathlib.Path(a).resolve() == pathlib.Path(b).resolve()
