@@ -275,6 +275,16 @@ def test_simpletir_demo_config_runs_and_reuses_its_warm_start(demo_runs):
   assert (on / "warmstart" / "hf" / "model.safetensors").exists()
   assert [r["iteration"] for r in report.iterations(on)] == [0, 1]
   assert (on / "report.md").exists() and (on / "reward.png").exists()
+  # The held-out table: the base (the warm start) and the trained export,
+  # each evaluated from its own weights, and their difference.
+  held = json.loads((on / "heldout.json").read_text())
+  assert set(held) == {"base", "trained", "trained − base"}
+  assert held["trained − base"]["avg@2"] == pytest.approx(
+      held["trained"]["avg@2"] - held["base"]["avg@2"])
+  evals = json.loads((on / "eval" / "results.json").read_text())
+  assert {v["policy"]: v["weights"] for v in evals.values()} == {
+      "base": str(on / "warmstart" / "hf"), "trained": str(on / "hf")}
+  assert "## Held out" in (on / "report.md").read_text()
   assert not (off / "warmstart").exists()
   rows = report.iterations(off)
   assert len(rows) == 1
