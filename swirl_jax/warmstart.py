@@ -21,12 +21,12 @@ call a tool with every number the problem's first step reads
 (`copy_rate`). Greedy decoding would not do: its copy rate levels off
 as soon as the right number is the likeliest token, while the sampled
 one keeps rising as the policy grows sure of it, and the policy is
-sampled. Copying the question's numbers is what a
-model from scratch learns suddenly, at a step that float rounding moves
-(one instruction set's sums against another's), so a fixed step count
-can stop just before it on one machine and just after it on another.
-Checked every `criterion.every` steps; `train.num_steps` caps it, and a
-warm start that stops at the cap without reaching it says so.
+sampled. Copying the question's numbers is what a model from scratch
+learns suddenly, at a step that float rounding moves (one instruction
+set's sums against another's), so a fixed step count can stop just
+before it on one machine and just after it on another. Checked every
+`criterion.every` steps; `train.num_steps` caps it, and a warm start
+that stops at the cap without reaching it says so.
 `<workdir>/warmstart/criterion.json` holds every check.
 
 Demonstrations come from their own split and never include an evaluation
@@ -321,12 +321,17 @@ class _Criterion:
     self.enabled = bool(self.w.min_copy_rate)
     self.last = float("nan")
     self.trainer = trainer
+    self.sampler = None  # Made at the first check; its programs reused.
 
   def __call__(self, step: int) -> bool:
-    sampler = Sampler(self.trainer.sampling_params(), self.trainer.model_cfg,
-                      self.tok, SamplerConfig(max_cache_len=self.max_len))
+    params = self.trainer.sampling_params()
+    if self.sampler is None:
+      self.sampler = Sampler(params, self.trainer.model_cfg, self.tok,
+                             SamplerConfig(max_cache_len=self.max_len))
+    else:
+      self.sampler.params = params
     loop = engine_lib.RolloutEngine(
-        sampler, self.tok, self.tools, turns.RolloutConfig(
+        self.sampler, self.tok, self.tools, turns.RolloutConfig(
             fmt=self.fmt, max_turns=1, temperature=self.w.temperature,
             max_new_tokens=self.w.max_new_tokens, seed=step))
     self.last = copy_rate(loop.run(self.tasks), self.tasks)
@@ -335,15 +340,16 @@ class _Criterion:
     log = [r for r in log if r["step"] < step] + [dict(
         step=step, copy_rate=self.last, reached=reached,
         min_copy_rate=self.w.min_copy_rate)]
-    if jax.process_index() == 0:
-      self.path.write_text(json.dumps(log, indent=1))
+    with distributed.one_writer(str(self.path)) as writing:
+      if writing:
+        self.path.write_text(json.dumps(log, indent=1))
     logging.info("warm start step %d: copy rate %.3f (criterion %.3f)",
                  step, self.last, self.w.min_copy_rate)
     return reached
 
 
 def criterion_line(workdir) -> str:
-  """One line on the warm start's criterion, for report.md and seeds.md
+  """One line on the warm start's criterion, for heldout.md and report.md
   ('' when it had none)."""
   path = pathlib.Path(workdir) / "warmstart" / "criterion.json"
   if not path.exists():
