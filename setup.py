@@ -38,7 +38,10 @@ EXTRAS = {
         "nbformat>=5.10",
         "ipykernel>=6.29",
         "torch==2.13.0",
+        "selenium>=4.20",  # The rollout viewer in headless Chromium.
     ],
+    # Optional W&B export of a run (swirl_jax/viewer/wandb_log.py).
+    "wandb": ["wandb>=0.17"],
 }
 
 setuptools.setup(
@@ -46,6 +49,7 @@ setuptools.setup(
     version="0.1.0",
     description="Step-wise and multi-turn RL for tool-using LM agents in JAX",
     packages=setuptools.find_packages(include=["swirl_jax", "swirl_jax.*"]),
+    package_data={"swirl_jax.viewer": ["assets/*"]},  # The page, JS, CSS.
     license="Apache-2.0",
     # Tested on 3.11; JAX needs 3.11 or newer from 0.7 on.
     python_requires=">=3.11",

@@ -19,6 +19,7 @@ LAYERS = (
     ("rollout",),  # The agent loop, records, step decomposition, batching.
     ("fit_programs",),  # The compiled programs the fit job measures.
     ("judges",),  # Step and outcome labels over rollout records.
+    ("viewer",),  # The rollout viewer: static pages of trajectories.
     ("evaluation", "warmstart"),  # Metrics; the CPU runs' warm start.
     ("swirl", "simpletir"),  # The two methods, side by side.
     ("chat", "jobs", "fit"),  # Jobs and their registry.

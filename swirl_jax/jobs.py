@@ -45,6 +45,7 @@ JOBS: dict[str, str] = {
     "simpletir_seeds": "swirl_jax.simpletir.seeds:run",
     "simpletir_heldout": "swirl_jax.simpletir.seeds:run_heldout",
     "fit": "swirl_jax.fit:run",
+    "view": "swirl_jax.viewer.job:run",
 }
 
 

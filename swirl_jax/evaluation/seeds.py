@@ -8,7 +8,9 @@ policy and metric, the mean, sample std, min and max over the seeds, and
 for every policy but the base its paired gain over the base (the mean and
 spread of the per-seed differences, which the seeds' shared variation,
 e.g. a stronger warm start, leaves out). The JSON is printed as the last
-line.
+line. Each seed's rollout viewer (`seed_<s>/rollouts.html`: its runs'
+trajectories and every policy's held-out answers, swirl_jax/viewer) is
+built with the table, which links it from seeds.md.
 """
 
 import json
@@ -21,6 +23,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 from matplotlib.figure import Figure  # No pyplot: no global backend.
+
+from swirl_jax import viewer
 
 GAIN = " − base"  # Suffix of a policy's paired gain over the base.
 
@@ -148,10 +152,21 @@ def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
   (work / "seeds.md").write_text(
       f"Results over {n} seeds: mean ± sample std (min–max); a gain "
       f"row's '*': its mean exceeds its spread.{note}\n\n" + md + "\n\n"
-      + runs_line(runs) + "\n")
+      + runs_line(runs) + "\n" + viewer_links(work, per_seed))
   print(md)
   print(json.dumps(out), flush=True)
   return out
+
+
+def viewer_links(work: pathlib.Path, seeds) -> str:
+  """Builds each seed's rollout viewer (seed_<s>/rollouts.html: its runs'
+  training rollouts and every policy's held-out answers); returns the
+  seeds.md line linking those that exist ('' if none)."""
+  for s in seeds:
+    viewer.write_for_run(work / f"seed_{s}")
+  links = [f"[seed {s}](seed_{s}/rollouts.html)" for s in seeds
+           if (work / f"seed_{s}" / "rollouts.html").exists()]
+  return f"\nRollout viewers: {', '.join(links)}.\n" if links else ""
 
 
 def _finished(work: pathlib.Path) -> set[int]:

@@ -44,7 +44,7 @@ import pathlib
 
 from absl import logging
 
-from swirl_jax import config_lib, distributed, warmstart
+from swirl_jax import config_lib, distributed, viewer, warmstart
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import turns
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
@@ -151,3 +151,6 @@ def run(config, workdir: str, *, make_sampler=None) -> None:
       (loop.work / "done.json").write_text(
           json.dumps({"iterations": c.num_iterations}))
       logging.info("reward curve (report.md):\n%s", report.write(loop.work))
+  # The rollout viewer (rollouts.html), once the run's files are written.
+  viewer.write_for_run(loop.work, tokenizer=loop.tok,
+                       references=viewer.references(loop.tasks))

@@ -27,7 +27,8 @@ import ml_collections
 import tqdm
 from absl import logging
 
-from swirl_jax import config_lib, distributed, judges, jsonl, warmstart
+from swirl_jax import (config_lib, distributed, judges, jsonl, viewer,
+                       warmstart)
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.models import loading
 from swirl_jax.rollout import decompose
@@ -421,7 +422,23 @@ def run_report(c, workdir):
   with distributed.one_writer(f"{workdir} report") as writing:
     text = report.write(workdir, c.rl_name) if writing else ""
   print(text)
+  _view(c, workdir)
   return text
+
+
+def _view(c, workdir) -> None:
+  """The rollout viewer (`<workdir>/rollouts.html`), with the reference
+  answers of the run's tasks and, where the workdir holds no tokenizer,
+  the base policy's."""
+  try:
+    refs = viewer.references(_tasks(c, "train") + _tasks(c, "eval"))
+  except (OSError, ValueError) as e:  # The data is gone: no references.
+    logging.warning("viewer: no reference answers (%s)", e)
+    refs = None
+  base = _base(c, workdir)
+  viewer.write_for_run(
+      workdir, references=refs,
+      tokenizer_spec=base.get("tokenizer") or base.get("checkpoint") or "")
 
 
 _RUN = {"warmstart": run_warmstart, "stage1": run_stage1, "filter": run_filter, "rl": run_rl,
