@@ -1,4 +1,10 @@
-"""XLA compiles counted from JAX's own compile events (jax.monitoring)."""
+"""XLA compiles counted from JAX's own compile events (jax.monitoring).
+
+The event wraps the persistent compilation cache's lookup too, so a
+program read from the session's cache (tests/conftest.py) counts as a
+compile: a test that counts compiles sees a program built again whether
+XLA compiled it or the cache held it (tests/test_compile_cache.py checks
+this)."""
 
 import collections
 import contextlib

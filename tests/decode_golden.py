@@ -13,6 +13,7 @@ tests/data/decode_golden.md). Nothing here writes it: rewritten from the
 current code, it would compare the page pool with itself.
 """
 
+import json
 import os
 import pathlib
 import sys
@@ -35,6 +36,7 @@ from swirl_jax.tools import parsing, registry
 from lockstep import LockStep  # pylint: disable=g-bad-import-order
 
 PATH = pathlib.Path(__file__).parent / "data" / "decode_golden.json"
+GOLDEN = json.loads(PATH.read_text())
 ALPHABET = ["<", "/", "a", ">", "b", " ", "x", "\n"]
 
 
@@ -108,6 +110,19 @@ def trajs_json(trajs) -> list:
   return [[dict(action_ids=t.action_ids, logprobs=t.action_logprobs,
                 observation_ids=t.observation_ids, reason=t.stop_reason)
            for t in tr.turns] for tr in trajs]
+
+
+def assert_same_trajs(got, want):
+  """Two `trajs_json` lists: the same tokens, observations and stop
+  reasons, log-probs to float rounding."""
+  assert [[t["action_ids"] for t in tr] for tr in got] == \
+      [[t["action_ids"] for t in tr] for tr in want]
+  assert [[t["observation_ids"] for t in tr] for tr in got] == \
+      [[t["observation_ids"] for t in tr] for tr in want]
+  for x, y in zip(got, want):
+    for a, b in zip(x, y):
+      assert a["reason"] == b["reason"]
+      np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=2e-5)
 
 
 ENGINE = dict(slots=4, decode_batch=2, chunk_steps=4, tool_workers=4)

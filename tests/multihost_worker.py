@@ -1,19 +1,25 @@
-"""One process of tests/test_multihost.py: `python multihost_worker.py
-SCENARIO OUT_DIR`, with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
-JAX_PROCESS_ID set for a multi-process run (unset: one process).
+"""One process of the multi-host tests (tests/multihost_launch.py):
+`python multihost_worker.py SCENARIO OUT_DIR`, with
+JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID set for a
+multi-process run (unset: one process).
 
 Scenarios: `main` exercises every helper of swirl_jax.distributed and writes
 OUT_DIR/result_<process>.json; `bad_shapes` gives host 1 a batch of another
 shape and lets the error end the process (`bad_train_batch`: the same
-through the trainer's batch placement). The jobs, in OUT_DIR/work:
-`simpletir` (two GRPO iterations, scripted turns through the real sandbox),
-`simpletir_bytes` (one iteration with RESPONSE_TOKENS-long turns: the bytes
-the hosts exchange through swirl_jax.distributed and the trainer's batch,
-to OUT_DIR/result_<process>.json), `swirl` (stage 1 with the tiny model ->
-filter -> stage 2) and `stage1` (scripted, 6 batches; PAUSE_S seconds per
-batch gives a test time to kill a host mid-run).
+through the trainer's batch placement). The jobs: `simpletir` (two GRPO
+iterations, scripted turns through the real sandbox, once for each
+setting of SETTINGS, one after another in the same processes, each in
+OUT_DIR/<setting>/work: `plain`, `staleness` (1) and `oversample` (3x)),
+`simpletir_bytes` (one iteration with turns of about n tokens for each n
+of RESPONSE_TOKENS, e.g. `64,256`, in OUT_DIR/work<n>: the bytes the
+hosts exchange through swirl_jax.distributed and the trainer's batch, to
+OUT_DIR/result_<process>.json by n), `swirl` (stage 1 with the tiny model
+-> filter -> stage 2, in OUT_DIR/work) and `stage1` (scripted, 6 batches,
+in OUT_DIR/work; PAUSE_S seconds per batch gives a test time to kill a
+host mid-run).
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -158,9 +164,11 @@ def bad_train_batch_scenario() -> None:
   step_lib.place_batch(batch, rows)
 
 
+@contextlib.contextmanager
 def _scripted_pairs(loop_cls, pause_s=0.0):
   """Makes `loop_cls.run_pairs` note its pairs (the scripts read them) and
-  wait `pause_s` first; returns the list of the current pairs."""
+  wait `pause_s` first, until the block ends; yields the list of the
+  current pairs."""
   current, real = [], loop_cls.run_pairs
 
   def run_pairs(self, pairs, **kw):
@@ -169,19 +177,28 @@ def _scripted_pairs(loop_cls, pause_s=0.0):
     return real(self, pairs, **kw)
 
   loop_cls.run_pairs = run_pairs
-  return current
+  try:
+    yield current
+  finally:
+    loop_cls.run_pairs = real
+
+
+# The settings of the `simpletir` job (SETTINGS names them).
+SETTINGS = {"plain": {}, "staleness": dict(staleness=1),
+            "oversample": dict(oversample=3.0)}
 
 
 def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
-                       tokens: int = 0, **config) -> None:
+                       tokens: int = 0, staleness: int = 0,
+                       oversample: float = 1.0, **config) -> None:
   """GRPO iterations; per sample k: right, void, wrong, right after an
   output (simpletir_script.py), so rewards vary within each group; each
-  turn opens with about `tokens` tokens of reasoning. STALENESS=k samples
-  k versions behind (with TIS); OVERSAMPLE=x draws x times the prompts,
-  and about every third task's group (by its id's crc32) answers wrong
-  throughout: at x = 3 iteration 0 keeps all 6 groups (passing, 4
-  failing, passing), iteration 1 the first 5 (the 2nd passing is the
-  5th), so each host holds another number of kept rows."""
+  turn opens with about `tokens` tokens of reasoning. `staleness` k
+  samples k versions behind (with TIS); `oversample` x draws x times the
+  prompts, and about every third task's group (by its id's crc32)
+  answers wrong throughout: at x = 3 iteration 0 keeps all 6 groups
+  (passing, 4 failing, passing), iteration 1 the first 5 (the 2nd passing
+  is the 5th), so each host holds another number of kept rows."""
   from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
@@ -191,22 +208,28 @@ def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
   c.num_iterations = iterations
   c.train.export_hf = iterations > 1
   c.train.async_checkpoints = False
-  c.staleness = int(os.environ.get("STALENESS", "0"))
+  c.staleness = staleness
   c.train.loss.tis_cap = 2.0 if c.staleness else 0.0
-  c.oversample = float(os.environ.get("OVERSAMPLE", "1"))
+  c.oversample = oversample
   if tokens:
     c.sampler.max_cache_len = c.max_seq_len = 4096
-  current = _scripted_pairs(engine_lib.RolloutEngine)
   think = "Let me think step by step. " * (tokens // 7)
+  with _scripted_pairs(engine_lib.RolloutEngine) as current:
 
-  def script(row, turn):
-    task, k = current[row]
-    if c.oversample > 1 and zlib.crc32(task.id.encode()) % 3 == 1:
-      return "```python\nfinal_answer(-1)\n```\n"  # A failing group.
-    return think + simpletir_script.script(task.answer, k, turn)
+    def script(row, turn):
+      task, k = current[row]
+      if c.oversample > 1 and zlib.crc32(task.id.encode()) % 3 == 1:
+        return "```python\nfinal_answer(-1)\n```\n"  # A failing group.
+      return think + simpletir_script.script(task.answer, k, turn)
 
-  train.run(c, str(work),
-            make_sampler=lambda p, m, tok: ScriptedSampler(tok, script))
+    train.run(c, str(work),
+              make_sampler=lambda p, m, tok: ScriptedSampler(tok, script))
+
+
+def simpletir_settings_scenario(out: pathlib.Path) -> None:
+  """The `simpletir` job once for each setting of SETTINGS, in turn."""
+  for name in os.environ.get("SETTINGS", "plain").split(","):
+    simpletir_scenario(out / name / "work", **SETTINGS[name])
 
 
 def _count_host_reads(sent: dict) -> None:
@@ -241,12 +264,13 @@ def _count_host_reads(sent: dict) -> None:
 
 
 def simpletir_bytes_scenario(out: pathlib.Path) -> dict:
-  """One iteration with turns of about RESPONSE_TOKENS tokens: the bytes
-  this host hands to swirl_jax.distributed's exchanges from the rollout's
-  start to the end of the update (every host-to-host message of the job
-  goes through `_allgather`), the size of each read of device data into
-  its memory over the same span (`_count_host_reads`), and the batch the
-  trainer got."""
+  """For each n of RESPONSE_TOKENS, one after another in this process, one
+  iteration with turns of about n tokens: the bytes this host hands to
+  swirl_jax.distributed's exchanges from the rollout's start to the end
+  of the update (every host-to-host message of the job goes through
+  `_allgather`), the size of each read of device data into its memory
+  over the same span (`_count_host_reads`), and the batch the trainer
+  got; by n."""
   from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   sent = dict(on=False, bytes=0, calls=0, reads=[])
@@ -276,14 +300,19 @@ def simpletir_bytes_scenario(out: pathlib.Path) -> dict:
   distributed._allgather = counted  # pylint: disable=protected-access
   engine_lib.RolloutEngine.run_pairs = run_pairs
   trainer_lib.Trainer.update = update
-  n = int(os.environ["RESPONSE_TOKENS"])
-  simpletir_scenario(out / "work", iterations=1, tokens=n,
-                     max_new_tokens=n + 64, max_response_tokens=2 * n + 128)
-  return dict(bytes=sent["bytes"], calls=sent["calls"], reads=sent["reads"],
-              batch=batches[0],
-              response_len=json.loads(
-                  (out / "work" / "metrics.jsonl").read_text().splitlines(
-                  )[0])["response_len"])
+  result = {}
+  for n in map(int, os.environ["RESPONSE_TOKENS"].split(",")):
+    sent.update(on=False, bytes=0, calls=0, reads=[])
+    batches.clear()
+    work = out / f"work{n}"
+    simpletir_scenario(work, iterations=1, tokens=n,
+                       max_new_tokens=n + 64, max_response_tokens=2 * n + 128)
+    result[str(n)] = dict(
+        bytes=sent["bytes"], calls=sent["calls"], reads=list(sent["reads"]),
+        batch=batches[0], response_len=json.loads(
+            (work / "metrics.jsonl").read_text().splitlines()[0]
+        )["response_len"])
+  return result
 
 
 def swirl_scenario(work: pathlib.Path) -> None:
@@ -307,25 +336,28 @@ def stage1_scenario(work: pathlib.Path) -> None:
   from swirl_jax.tools import registry  # pylint: disable=g-import-not-at-top
   tok = loading.load_tokenizer("bundled")
   tasks = synthetic.arithmetic_tasks(6, seed=2)
-  current = _scripted_pairs(engine_lib.RolloutEngine,
-                            float(os.environ.get("PAUSE_S", "0")))
+  with _scripted_pairs(engine_lib.RolloutEngine,
+                       float(os.environ.get("PAUSE_S", "0"))) as current:
 
-  def script(row, turn):
-    task, k = current[row]
-    return f"<answer>{task.answer if k else 0}</answer>" if turn else \
-        "<calculator>1 + 2</calculator>"
+    def script(row, turn):
+      task, k = current[row]
+      return f"<answer>{task.answer if k else 0}</answer>" if turn else \
+          "<calculator>1 + 2</calculator>"
 
-  loop = engine_lib.RolloutEngine(
-      ScriptedSampler(tok, script), tok, registry.build_tools(("calculator",)),
-      turns.RolloutConfig(fmt="swirl", max_turns=3))
-  stage1.generate(loop, tasks, str(work / "stage1"), samples=2,
-                  tasks_per_batch=1)
+    loop = engine_lib.RolloutEngine(
+        ScriptedSampler(tok, script), tok,
+        registry.build_tools(("calculator",)),
+        turns.RolloutConfig(fmt="swirl", max_turns=3))
+    stage1.generate(loop, tasks, str(work / "stage1"), samples=2,
+                    tasks_per_batch=1)
 
 
 BAD = {"bad_shapes": bad_shapes_scenario,
        "bad_train_batch": bad_train_batch_scenario}
-JOBS = {"simpletir": simpletir_scenario, "swirl": swirl_scenario,
-        "stage1": stage1_scenario}
+# Jobs: each writes under OUT_DIR only (most in OUT_DIR/work).
+JOBS = {"simpletir": simpletir_settings_scenario,
+        "swirl": lambda out: swirl_scenario(out / "work"),
+        "stage1": lambda out: stage1_scenario(out / "work")}
 RESULTS = {"main": main_scenario, "simpletir_bytes": simpletir_bytes_scenario}
 
 
@@ -343,7 +375,7 @@ def main():
       raise
     return
   if scenario in JOBS:
-    JOBS[scenario](out / "work")
+    JOBS[scenario](out)
     return
   result = RESULTS[scenario](out)
   path = out / f"result_{jax.process_index()}.json"

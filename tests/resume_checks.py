@@ -20,10 +20,12 @@ MODES = ("before", "after", "torn")
 
 
 def run(scenario: str, work, cache, kill: str = ""):
-  """The driver on `work`; `kill`: 'STAGE:K:MODE' or '' (to the end)."""
+  """The driver on `work`; `kill`: 'STAGE:K:MODE' or '' (to the end).
+  Compiled programs go to the session's cache (`cache` where it is off)."""
   env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_COMPILATION_CACHE_DIR=
-             str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             XLA_FLAGS="--xla_backend_optimization_level=0")
+             testutil.cache_dir() or str(cache),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             XLA_FLAGS=testutil.FAST_XLA_FLAGS)
   args = [sys.executable, str(ROOT / "tests" / "resume_driver.py"),
           scenario, str(work)] + ([kill] if kill else [])
   return subprocess.run(args, cwd=ROOT, env=env, capture_output=True,

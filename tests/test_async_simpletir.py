@@ -1,50 +1,29 @@
 """SimpleTIR with bounded staleness (swirl_jax/simpletir/pipeline.py):
-staleness 0 is the synchronous loop, record for record; staleness 1
-samples each iteration on the version before, whatever the timing, with
-the behaviour log-probs of that version; a row older than the staleness
-never reaches the trainer.
+staleness 1 samples each iteration on the version before, whatever the
+timing, with the behaviour log-probs of that version; a row older than
+the staleness never reaches the trainer. Staleness 0 is the synchronous
+loop, record for record: tests/test_simpletir.py's
+test_grpo_steps_with_real_sandbox[trainer] (the same scripted run).
 
 Killed -9 and resumed: tests/test_resume_simpletir.py. Two processes
-against one: tests/test_multihost.py."""
+against one: tests/test_multihost_simpletir.py."""
 
-import pathlib
 import time
 
 import jax
 import numpy as np
 import pytest
 
-from swirl_jax.models import decoder, loading
+from swirl_jax.models import loading
 from swirl_jax.rollout.records import Trajectory, Turn
 from swirl_jax.simpletir import grpo, stages, train
 from swirl_jax.tasks import checkers
 from swirl_jax.training import trainer as trainer_lib
 
-import resume_checks
 import simpletir_script
 import testutil
 
-GOLDEN = pathlib.Path(__file__).parent / "data" / "simpletir_sync"
-
-
 _lines = testutil.read_jsonl
-
-
-def test_staleness_0_equals_the_synchronous_loop(tmp_path, monkeypatch):
-  """The scripted run of simpletir_script.py (3 iterations, the split
-  gradient norms each) at staleness 0: metrics.jsonl and the rollouts
-  files equal, record for record, those the synchronous loop wrote before
-  it was split into stages (tests/data/simpletir_sync, recorded with the
-  same config and seeds)."""
-  c = simpletir_script.config()
-  c.void_grad_every = 1
-  simpletir_script.run(c, tmp_path, monkeypatch.setattr)
-  resume_checks.assert_same_records(_lines(tmp_path / "metrics.jsonl"),
-                                    _lines(GOLDEN / "metrics.jsonl"))
-  for it in range(3):
-    name = f"rollouts/iter_{it:06d}.jsonl"
-    assert _lines(tmp_path / name) == _lines(GOLDEN / name), name
-  assert not (tmp_path / "queue").exists()
 
 
 def _traj(i, version, reward):
@@ -176,20 +155,6 @@ def test_staleness_1_samples_on_the_version_before_whatever_the_timing(
     assert _lines(slow / name) == _lines(fast / name), name
     assert {t.meta["policy_version"] for t in trajs} == {max(0, it - 1)}
     if it:  # Behaviour log-probs: version it - 1's, not version it's.
-      sampled = _gap(cfg, published[it - 1], trajs)
-      newer = _gap(cfg, published[it], trajs)
+      sampled = testutil.teacher_forced_gap(cfg, published[it - 1], trajs)
+      newer = testutil.teacher_forced_gap(cfg, published[it], trajs)
       assert sampled < 2e-4 and newer > 1e-2, (it, sampled, newer)
-
-
-def _gap(cfg, params, trajs) -> float:
-  """Largest |behaviour log-prob - teacher-forced log-prob under
-  `params`| over the trajectories' sampled tokens (temperature 1)."""
-  fwd = jax.jit(lambda p, t: decoder.forward(p, cfg, t)[0])
-  gap = 0.0
-  for traj in trajs:
-    tokens, mask, logps = traj.token_sequence()
-    lp = jax.nn.log_softmax(fwd(params, tokens[None])[0, :-1], -1)
-    ref = np.take_along_axis(np.asarray(lp), tokens[1:, None], 1)[:, 0]
-    m = mask[1:] == 1
-    gap = max(gap, float(np.abs(logps[1:][m] - ref[m]).max()))
-  return gap

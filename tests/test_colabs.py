@@ -9,7 +9,8 @@ import os
 import pathlib
 import nbclient
 import nbformat
-import pytest
+
+import testutil
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLABS = ROOT / "colabs"
@@ -21,7 +22,8 @@ def _execute(name: str, cwd: pathlib.Path, **env) -> nbformat.NotebookNode:
   nbformat.validate(nb)
   assert not any(c.get("outputs") for c in nb.cells
                  if c.cell_type == "code"), f"{name}: clear the outputs"
-  kernel_env = dict(os.environ, SWIRL_JAX_NOTEBOOK_SMALL="1", **env)
+  kernel_env = dict(os.environ, SWIRL_JAX_NOTEBOOK_SMALL="1",
+                    **testutil.jax_cache_env(), **env)
   kernel_env["PYTHONPATH"] = os.pathsep.join(
       [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
   client = nbclient.NotebookClient(
@@ -48,8 +50,10 @@ def _images(nb) -> int:
              for c in nb.cells for o in c.get("outputs", []))
 
 
-@pytest.mark.slow
 def test_quickstart(tmp_path):
+  """The quickstart notebook: the unit table with its gold steps, and a
+  training step's reward. It runs the real SmolLM2-135M through the
+  notebook's steps (small mode): over a minute."""
   nb = _execute("quickstart.ipynb", tmp_path)
   text = _text(nb)
   assert "| unit | state (tail) | action | judge | outcome |" in text
@@ -57,8 +61,10 @@ def test_quickstart(tmp_path):
   assert "step 0: reward" in text
 
 
-@pytest.mark.slow
 def test_ablations_on_a_demo_run(tmp_path, demo_smoke_run):
+  """The ablations notebook on the demo's smoke run (made once a session,
+  tests/conftest.py) and a missing run: its tables and plots, the missing
+  run skipped."""
   work = demo_smoke_run
   for f in ("eval/results.json", "filter/report.json", "rl/metrics.jsonl"):
     assert (work / f).exists(), f

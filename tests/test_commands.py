@@ -12,15 +12,18 @@ whose filter keeps no step. The launchers run with DRY_RUN=1.
 
 Commands are parsed from the pages, so a new one is run too; `RULES` says
 how each kind runs. Runs of minutes (the demos, the CPU pipelines on
-synthetic data, the fit job, benchmarks) are marked long and run only with
-SWIRL_JAX_LONG_COMMANDS=1, at smoke size where a config has one; the demos
-at smoke size are also run by tests/test_demo.py and tests/test_simpletir.py.
-In that mode every command but the data job's gets the data directory
-when one is found (`paths.default_data_dir()`), so the CPU pipelines
-(`runlocal`) run to their end, and a command that then fails for want of
-data must name a file the data directory truly lacks (`_truly_absent`):
-"no data directory", or a missing file the directory holds, fails the
-test. The data job gets none: without --workdir it would write there.
+synthetic data, the fit job, benchmarks) carry the `long` marker, which
+the default run leaves out (pytest.ini; `python -m pytest -m long
+tests/test_commands.py` runs them), at smoke size where a config has one;
+the demos at smoke size are also run by tests/test_demo.py and
+tests/test_simpletir.py. The long tests give every command but the data
+job's the data directory when one is found (`paths.default_data_dir()`):
+the long commands, and every other command a second time
+(`test_documented_command_with_data`), so the CPU pipelines (`runlocal`)
+run to their end. A command that then fails for want of data must name
+a file the data directory truly lacks (`_truly_absent`): "no data
+directory", or a missing file the directory holds, fails the test. The
+data job gets none: without --workdir it would write there.
 
 The pages are also checked for what they name: every repository path
 (`swirl_jax/...`, `configs/...`, `docs/...`, ...) and every relative link
@@ -39,7 +42,6 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LONG = os.environ.get("SWIRL_JAX_LONG_COMMANDS") == "1"
 
 # (substring of the command, how it runs): 'skip: why', 'long' (or
 # 'long:<text appended to the config arg>'), or 'run'. First match wins;
@@ -155,7 +157,7 @@ def _prepared(cmd: str, how: str, base: pathlib.Path) -> str:
   `python` this interpreter, a smoke arg added where the rule says."""
   cmd = cmd.replace("/tmp/", f"{base}/tmp/").replace("DIR1", "dir1") \
       .replace("DIR2", "dir2")
-  if how.startswith("long:") and LONG:
+  if how.startswith("long:"):
     arg = how.split(":", 1)[1]
     cmd = re.sub(r"(--config=\S+?\.py(?::\S*?)?)(?=\s)",
                  lambda m: m.group(1) + arg, cmd, count=1)
@@ -168,17 +170,18 @@ def _data_dir() -> str:
   return paths.default_data_dir() or ""
 
 
-def _given_data(cmd: str) -> str:
-  """The data directory `cmd` runs with ('' for none, as a newcomer)."""
-  return _data_dir() if LONG and "configs/data.py" not in cmd else ""
+def _given_data(cmd: str, data: bool) -> str:
+  """The data directory `cmd` runs with: none as a newcomer, or (`data`)
+  the one found, but never for the data job ('' for none)."""
+  return _data_dir() if data and "configs/data.py" not in cmd else ""
 
 
-def _env(base: pathlib.Path, cmd: str) -> dict:
+def _env(base: pathlib.Path, data: str) -> dict:
   # XDG_CACHE_HOME too: the default data directory lies under it.
   env = {k: v for k, v in os.environ.items()
          if k not in ("SWIRL_JAX_DATA", "PYTHONPATH", "XDG_CACHE_HOME")}
-  if _given_data(cmd):
-    env["SWIRL_JAX_DATA"] = _given_data(cmd)
+  if data:
+    env["SWIRL_JAX_DATA"] = data
   return dict(env, HOME=str(base / "home"), PYTHONPATH=str(base /
                                                           "swirl_jax"),
               HF_HUB_OFFLINE="1", DRY_RUN="1", SWIRL_JAX_SKIP_FIT_CHECK="1")
@@ -231,22 +234,86 @@ def test_commands_are_found_and_classified():
   assert any(c.startswith("launch/") for c in cmds)
 
 
-@pytest.mark.parametrize("cmd", commands())
-def test_documented_command(cmd, clone):
+def _run_documented(cmd: str, clone: pathlib.Path, data: bool) -> None:
+  """Runs `cmd` in the clone (`data`: with the data directory) and checks
+  how it ended."""
   how = rule(cmd)
   if how.startswith("skip"):
     pytest.skip(how)
-  if how.startswith("long") and not LONG:
-    pytest.skip("long: runs with SWIRL_JAX_LONG_COMMANDS=1")
   if re.fullmatch(r"\w+=\S+", cmd):
     pytest.skip("a shell variable, set for the commands after it")
   script = _prepared(cmd, how, clone)
   if "$W" in script:
     script = f"W={clone}/tmp/swirl_demo; {script}"
+  given = _given_data(cmd, data)
   proc = subprocess.run(["bash", "-c", script], cwd=clone / "swirl_jax",
-                        env=_env(clone, cmd), capture_output=True, text=True,
-                        timeout=3600 if LONG else 300, check=False)
-  _check(proc, cmd, _given_data(cmd), clone / "swirl_jax")
+                        env=_env(clone, given), capture_output=True,
+                        text=True, timeout=3600 if data else 300,
+                        check=False)
+  _check(proc, cmd, given, clone / "swirl_jax")
+
+
+@pytest.mark.parametrize("cmd", [
+    pytest.param(c, marks=pytest.mark.long) if rule(c).startswith("long")
+    else c for c in commands()])
+def test_documented_command(cmd, clone):
+  """The command as a newcomer runs it (a long one: at smoke size where
+  its config has one, with the data directory)."""
+  _run_documented(cmd, clone, data=rule(cmd).startswith("long"))
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("cmd", [c for c in commands() if rule(c) == "run"])
+def test_documented_command_with_data(cmd, clone):
+  """A command the default run runs without data, run with the data
+  directory: the CPU pipelines (`runlocal`) to their end."""
+  _run_documented(cmd, clone, data=True)
+
+
+def readme_quickstart() -> str:
+  """The commands of the README's quickstart (its first bash block)."""
+  text = (ROOT / "README.md").read_text().split("\n## Quickstart", 1)[1]
+  return next(body for lang, body in _FENCE.findall(text) if lang == "bash")
+
+
+@pytest.mark.long
+def test_readme_quickstart_verbatim(clone):
+  """The README's quickstart as a newcomer pastes it, in a fresh clone:
+  its lines in one shell that stops at the first failure (the virtual
+  environment lands in the test's own $HOME, /tmp paths in its
+  directory), with nothing from this environment but the package index.
+  It installs the package and its dependencies from the index (the
+  network) and runs the whole SWiRL demo: minutes, hence long. The demo
+  must end with its held-out table, base against SWiRL."""
+  script = readme_quickstart().replace("/tmp/", f"{clone}/tmp/")
+  assert "venv" in script and "pip install" in script, script
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("SWIRL_JAX_DATA", "PYTHONPATH", "XDG_CACHE_HOME",
+                      "VIRTUAL_ENV")}
+  # Off this test's venv: `python3` is the system's, as a newcomer's is.
+  env["PATH"] = os.pathsep.join(
+      p for p in env.get("PATH", "").split(os.pathsep)
+      if not (pathlib.Path(p) / "activate").exists())
+  env["HOME"] = str(clone / "home")
+  proc = subprocess.run(["bash", "-e", "-c", script],
+                        cwd=clone / "swirl_jax", env=env,
+                        capture_output=True, text=True, timeout=3600,
+                        check=False)
+  out = (proc.stdout + proc.stderr)[-3000:]
+  assert proc.returncode == 0, f"{script}\n{out}"
+  assert "| policy | accuracy |" in proc.stdout, out
+  assert "| base |" in proc.stdout and "| rl |" in proc.stdout, out
+  assert (clone / "home" / "swirl-venv" / "bin" / "activate").exists()
+  assert (clone / "tmp" / "swirl_demo" / "report.md").exists()
+
+
+def test_the_quickstart_is_found():
+  """What test_readme_quickstart_verbatim runs: the venv, the install and
+  the demo's command, in the README's order."""
+  lines = readme_quickstart().splitlines()
+  at = [next((i for i, l in enumerate(lines) if key in l), None)
+        for key in ("-m venv", "pip install -e .", "-m swirl_jax.main")]
+  assert None not in at and at == sorted(at), lines
 
 
 def test_check_fails_a_command_that_misses_data_that_is_there(tmp_path):

@@ -6,24 +6,23 @@ JAX's compile events), attention over the live prefix."""
 import dataclasses
 import zlib
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from swirl_jax import config_lib
-from swirl_jax.models import decoder, loading
+from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import turns
 from swirl_jax.rollout.scripted import replaying
-from swirl_jax.sampling import distribution
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import synthetic
 from swirl_jax.tasks.records import Task
 from swirl_jax.tools import parsing, registry
 
 import compile_events
+import decode_golden
 from lockstep import LockStep
+import testutil
 
 SMALL = engine_lib.EngineConfig(slots=4, decode_batch=2, chunk_steps=4,
                                 tool_workers=4, check_invariants=True)
@@ -85,29 +84,14 @@ def _same(a, b):
     np.testing.assert_array_equal(mx, my)
 
 
-def _teacher_check(cfg, params, trajs, rc):
-  """Behaviour log-probs = a teacher-forced pass's, under the distribution
-  the tokens were drawn from (temperature, top-k, top-p)."""
-  fwd = jax.jit(lambda p, t: decoder.forward(p, cfg, t)[0])
-  for traj in trajs:
-    tokens, mask, logps = traj.token_sequence()
-    logits = fwd(params, tokens[None])[0, :-1]
-    n = logits.shape[0]
-    w = distribution.sampling_logits(
-        logits, jnp.full(n, rc.temperature), jnp.full(n, rc.top_k),
-        jnp.full(n, rc.top_p))
-    lp = jax.nn.log_softmax(w, -1)
-    ref = np.take_along_axis(np.asarray(lp), tokens[1:, None], 1)[:, 0]
-    m = mask[1:] == 1
-    assert m.sum() > 0
-    np.testing.assert_allclose(logps[1:][m], ref[m], atol=2e-4)
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_engine_equals_lockstep(tiny, calc_tools, temperature):
   """6 rows in 4 cache rows, 2 decoded at a time: rows are prefilled into
   freed rows, stop at different lengths, call the calculator 1-3 times;
-  frequent stop strings make false stops that continue the turn."""
+  frequent stop strings make false stops that continue the turn. Greedy,
+  the rollout is also tests/test_pages.py's golden one (the slot cache's,
+  decode_golden.engine_run('tiny', 0.0)): the same tokens, observations,
+  stop reasons and log-probs, no row preempted, every page back."""
   rc = turns.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
                            temperature=temperature, seed=5)
   ref, eng = _pair(tiny, calc_tools, rc, stops=("\n\n\n", "e"))
@@ -115,6 +99,11 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
   a = ref.run(tasks, samples_per_task=2)
   b = eng.run(tasks, samples_per_task=2)
   _same(a, b)
+  if temperature == 0.0:
+    decode_golden.assert_same_trajs(decode_golden.trajs_json(b),
+                                    decode_golden.GOLDEN["engine_tiny_0.0"])
+    assert "preempted" not in eng.metrics
+    assert eng.device.free() == (4, 4 * 16)
   assert any(len(t.turns) > 2 for t in b)
   assert eng.metrics["false_stops"] > 0
   assert all(t.final_answer == "7" for t in b)
@@ -131,7 +120,7 @@ def test_logprobs_equal_teacher_forcing(tiny, calc_tools):
                            temperature=1.0, top_k=50, top_p=0.95)
   _, eng = _pair(tiny, calc_tools, rc)
   trajs = eng.run(synthetic.arithmetic_tasks(2, seed=4), samples_per_task=2)
-  _teacher_check(cfg, params, trajs, rc)
+  assert testutil.teacher_forced_gap(cfg, params, trajs, rc) <= 2e-4
   for traj in trajs:  # Masks: the model's tokens only.
     tokens, mask, logps = traj.token_sequence()
     assert tokens[mask == 1].tolist() == [i for t in traj.turns

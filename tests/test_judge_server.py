@@ -16,7 +16,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
 def test_http_judge_on_a_real_server_reads_as_the_model_judge():
   pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server]")
   from swirl_jax import paths  # pylint: disable=g-import-not-at-top

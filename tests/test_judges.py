@@ -555,7 +555,6 @@ def test_model_judge_scores_alike_with_weights_over_a_hosts_devices():
   assert out["big_mesh"] == {"fsdp": 8} and out["small_mesh"] is None
 
 
-@pytest.mark.slow
 def test_model_judge_with_smollm2():
   from swirl_jax import config_lib, paths  # pylint: disable=g-import-not-at-top
   from swirl_jax.models import loading  # pylint: disable=g-import-not-at-top

@@ -14,6 +14,7 @@ from swirl_jax.rollout.records import Trajectory, Turn
 from swirl_jax.simpletir import grpo, report, void
 from swirl_jax.training import step as step_lib
 
+import resume_checks  # pylint: disable=g-bad-import-order
 import simpletir_script  # pylint: disable=g-bad-import-order
 import testutil  # pylint: disable=g-bad-import-order
 
@@ -108,17 +109,30 @@ _GRAD_NORMS = {
 }
 
 
+# What the synchronous loop wrote, before it was split into stages, for
+# the scripted run with the split gradient norms each iteration
+# (void_grad_every=1), with the same config and seeds.
+SYNC_GOLDEN = pathlib.Path(__file__).parent / "data" / "simpletir_sync"
+
+
 @pytest.mark.parametrize("old_logprobs", ["trainer", "sampler"])
 def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch, old_logprobs):
   """Several GRPO iterations; every code block runs in the sandbox.
 
   Turns are replayed (simpletir_script.py: a random tiny model rarely
   closes a code block), so rewards vary within each group: right, void,
-  wrong, right-after-output.
+  wrong, right-after-output. With the trainer's old log-probs (the
+  default) the run also logs the split gradient norms each iteration,
+  and is the staleness-0 check of the staged loop
+  (swirl_jax/simpletir/pipeline.py): its metrics.jsonl and rollouts
+  files equal, record for record, those the synchronous loop wrote
+  (tests/data/simpletir_sync), and it keeps no queue.
   """
   from swirl_jax.tools import sandbox  # pylint: disable=g-import-not-at-top
   c = simpletir_script.config()
   c.old_logprobs = old_logprobs
+  if old_logprobs == "trainer":
+    c.void_grad_every = 1
   ran = []
   real = sandbox.Sandbox.run_batch
   monkeypatch.setattr(sandbox.Sandbox, "run_batch", lambda self, s: (
@@ -143,6 +157,15 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch, old_logprobs):
   assert all(r["reward"] == pytest.approx(0.5) and r["updates"] >= 1
              for r in rows)
   assert "| 0 | 0.500 | 0.250 |" in (tmp_path / "report.md").read_text()
+  if old_logprobs == "trainer":
+    resume_checks.assert_same_records(
+        testutil.read_jsonl(tmp_path / "metrics.jsonl"),
+        testutil.read_jsonl(SYNC_GOLDEN / "metrics.jsonl"))
+    for it in range(3):
+      name = f"rollouts/iter_{it:06d}.jsonl"
+      assert testutil.read_jsonl(tmp_path / name) == \
+          testutil.read_jsonl(SYNC_GOLDEN / name), name
+    assert not (tmp_path / "queue").exists()
 
 
 def _metrics(path, lines):
@@ -245,99 +268,3 @@ def test_grpo_iteration_with_real_tiny_model(tmp_path):
   assert all(v["val_synthetic_arith_test_avg@2"] == 0.0 for v in vals)
   assert "pass@2" in (tmp_path / "report.md").read_text()
   assert (tmp_path / "hf" / "config.json").exists()  # train.export_hf.
-
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-_main = testutil.run_main
-
-
-@pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory):
-  """Workdirs trained by configs/simpletir_demo.py at smoke size: the demo
-  (`on`) and its ablation arm (`off`: no void filter, reusing on's warm
-  start, one iteration)."""
-  root = tmp_path_factory.mktemp("demo")
-  on, off = root / "on", root / "off"
-  _main("--config=configs/simpletir_demo.py:smoke", f"--workdir={on}")
-  _main("--config=configs/simpletir_demo.py:smoke,filter_void=False,"
-        f"warmstart_from={on}", f"--workdir={off}",
-        "--config.num_iterations=1")
-  return on, off
-
-
-def test_simpletir_demo_config_runs_and_reuses_its_warm_start(demo_runs):
-  """configs/simpletir_demo.py at smoke size: warm start on ```python
-  demonstrations, GRPO iterations, report; then the ablation arm reuses the
-  first run's warm-started policy instead of training its own."""
-  on, off = demo_runs
-  assert (on / "warmstart" / "hf" / "model.safetensors").exists()
-  assert [r["iteration"] for r in report.iterations(on)] == [0, 1]
-  assert (on / "report.md").exists() and (on / "reward.png").exists()
-  # The held-out table: the base (the warm start) and the trained export,
-  # each evaluated from its own weights, and their difference.
-  held = json.loads((on / "heldout.json").read_text())
-  assert set(held) == {"base", "trained", "trained − base"}
-  assert held["trained − base"]["avg@2"] == pytest.approx(
-      held["trained"]["avg@2"] - held["base"]["avg@2"])
-  evals = json.loads((on / "eval" / "results.json").read_text())
-  assert {v["policy"]: v["weights"] for v in evals.values()} == {
-      "base": str(on / "warmstart" / "hf"), "trained": str(on / "hf")}
-  assert "## Held out" in (on / "report.md").read_text()
-  assert not (off / "warmstart").exists()
-  rows = report.iterations(off)
-  assert len(rows) == 1
-  # Without the void filter, void rows stay in the loss (drop_zero_variance
-  # is off at smoke size), so every rollout is in it.
-  assert rows[0]["rows_in_loss"] == 8
-
-
-_weights = testutil.load_weights
-
-
-def test_simpletir_eval_evaluates_the_trained_policy(demo_runs, tmp_path):
-  """Job simpletir_eval on a workdir the demo trained loads the trained
-  export by default, names the weights in its log and JSON, and its
-  metrics differ from the base (warm-started) policy's; with no weights it
-  refuses in one line.
-
-  The ablation arm's workdir: its rows are in the loss, so its optimizer
-  steps ran (at smoke size every reward is 0, so what moved the weights is
-  AdamW's decoupled weight decay, 0.01 as verl's; the base's weights and
-  the trained ones differ, and so do the policies' log-probs)."""
-  on, off = demo_runs
-  trained, base = _weights(off / "hf"), _weights(on / "warmstart" / "hf")
-  assert any(not np.array_equal(trained[k], base[k]) for k in base)
-  args = ["--config=configs/simpletir_demo.py:smoke,filter_void=False,"
-          f"warmstart_from={on}", f"--workdir={off}",
-          "--config.job=simpletir_eval"]
-  out = {}
-  for policy, want in (("", off / "hf"), ("base", on / "warmstart" / "hf")):
-    proc = _main(*args, f"--config.eval.policy={policy}")
-    name = policy or "trained"
-    summary = json.loads((off / "eval" / name / "summary.json").read_text())
-    assert summary["policy"] == name and summary["weights"] == str(want)
-    assert f"policy {name}, weights {want}" in proc.stderr
-    assert f"weights {want}" in (off / "eval" / name /
-                                 "results.md").read_text()
-    out[name] = summary["results"]["synthetic_compute:test"]
-    assert {"avg@2", "pass@2"} <= set(out[name])
-  # Same prompts and seeds; other weights give other log-probs.
-  assert out["trained"]["token_logp"] != out["base"]["token_logp"]
-  both = json.loads((off / "eval" / "results.json").read_text())
-  assert {k: v["weights"] for k, v in both.items()} == {
-      "trained synthetic_compute:test": str(off / "hf"),
-      "base synthetic_compute:test": str(on / "warmstart" / "hf")}
-  table = (off / "eval" / "results.md").read_text()
-  assert "| policy dataset | avg@2 | pass@2 |" in table
-  assert f"policy base: weights {on / 'warmstart' / 'hf'}" in table
-  empty = tmp_path / "untrained"
-  for policy in ("", "base"):
-    proc = _main("--config=configs/simpletir_demo.py:smoke",
-                 f"--workdir={empty}", "--config.job=simpletir_eval",
-                 f"--config.eval.policy={policy}", rc=2)
-    lines = proc.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: ") and (
-        "simpletir_train" in lines[-1] or "training job" in lines[-1]), lines
-  assert not (empty / "eval").exists()
