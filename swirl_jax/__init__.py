@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 LAYERS = (
     ("paths", "errors"),
-    ("config_lib", "sharding", "jsonl", "shapes", "chips"),
+    ("config_lib", "sharding", "jsonl", "shapes", "chips", "dispatch"),
     ("distributed",),  # Multi-host start and exchange; lays arrays out.
     ("tools",),  # Plain Python, no JAX.
     ("tasks",),  # Plain Python; answer checkers may use tool parsing.

@@ -55,6 +55,7 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from swirl_jax import dispatch
 from swirl_jax import sharding as shd
 
 # Settings `initialize` reads; the launchers in launch/ set them. JAX reads
@@ -225,7 +226,8 @@ def _allgather(x: Any, tiled: bool = False) -> np.ndarray:
     x = jax.make_array_from_process_local_data(
         NamedSharding(hosts, P("hosts")), x)
     whole = NamedSharding(hosts, P())
-  out = _identity(x, whole).block_until_ready()
+  with dispatch.LOCK:  # A collective: queued by the one dispatcher.
+    out = _identity(x, whole).block_until_ready()
   return np.asarray(out.addressable_data(0))
 
 
@@ -535,6 +537,29 @@ def _then_wait(fn: Callable[[], Any], what: str) -> Any:
   if bad:
     raise RuntimeError(f"{what}: host {bad[0]} failed")
   return out
+
+
+def fail_together(error: BaseException | None, what: str,
+                  make: Callable[[str], BaseException] = RuntimeError
+                  ) -> None:
+  """Every host meets here with the error it has, if any. When a host has
+  one, every host raises: that host its own `error` (with its traceback),
+  the others `make('<what>: host <h>: <its first line>')`, so none goes on
+  into a collective the failed host never joins. One process: `error`."""
+  if jax.process_count() == 1:
+    if error is not None:
+      raise error
+    return
+  problem = ""
+  if error is not None:
+    text = str(error).strip()
+    problem = (text.splitlines()[0] if text else "") or type(error).__name__
+  try:
+    _check_hosts("", problem, what)
+  except ValueError as e:
+    if error is not None:
+      raise error from None
+    raise make(str(e)) from None
 
 
 def run_shared(fn: Callable[[Sequence[Any]], Sequence[Any]],

@@ -7,6 +7,7 @@ import logging as py_logging
 import os
 import re
 import sys
+from typing import Any, Callable
 
 import jax
 import tqdm
@@ -123,18 +124,37 @@ def main(argv):
     sys.unraisablehook = _quiet_unraisable
   logging.info("job %s, workdir %s, %d processes, %d devices", config.job,
                workdir, jax.process_count(), jax.device_count())
-  try:
+
+  def run():
     _warn_ignored_presets(
         config, config_flags.get_override_values(flags.FLAGS["config"]))
     jobs.validate(config)  # Before anything is written.
     errors.check_writable(workdir)  # Creates it.
     distributed.check_shared_workdir(workdir)  # Multi-process: seen by all.
     job(config, workdir)
+  reporting_errors(run, traceback=flags.FLAGS.traceback)
+
+
+def reporting_errors(run: Callable[[], Any], traceback: bool = False) -> Any:
+  """`run()`. A user error ends the process with its one line (`_fail`);
+  any other error its traceback, then exit status 1. With several
+  processes the exit is immediate: the others have ended or are ending
+  on the same error (`distributed.fail_together`), and JAX's exit-time
+  shutdown would wait for them at a barrier they never reach."""
+  try:
+    return run()
   except Exception as e:  # pylint: disable=broad-except
     line = errors.one_line(e)
-    if line is None or flags.FLAGS.traceback:
+    if line is not None and not traceback:
+      _fail(line)
+    if jax.process_count() == 1:
       raise
-    _fail(line)
+    _end_bars()
+    logging.exception("the job failed")
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
 
 
 # A class named by its module path ("swirl_jax.config_lib.ConfigError: "),

@@ -5,14 +5,20 @@
 SCENARIO: simpletir (GRPO iterations with scripted turns through the real
 sandbox; its one stage is 'train'), simpletir_async (the same at
 staleness 1, with validation every 2 iterations; turns from
-simpletir_script.py) or swirl (the pipeline: stage1, filter, rl, eval). Kill points are the calls, in order, of the functions that make a
-run's state: `jsonl.append` and `jsonl.write_bytes` (every record and file
-written) and `distributed.run_shared` / `run_local` (every batch of
-rollouts, samples or evaluation), counted from the start of each stage. At
-the K-th point of STAGE the process sends itself SIGKILL: MODE 'before' the
-call, 'after' it, or 'torn' (half the bytes of an append written, then
-killed). A run that
-ends prints, as its last line, the JSON of each stage's kill points.
+simpletir_script.py), simpletir_async2 (the same at staleness 2) or swirl
+(the pipeline: stage1, filter, rl, eval). Kill points are the calls, in
+order, of the functions that make a run's state: `jsonl.append` and
+`jsonl.write_bytes` (every record and file written) and
+`distributed.run_shared` / `run_local` (every batch of rollouts, samples or
+evaluation), counted from the start of each stage. At the K-th point of
+STAGE the process sends itself SIGKILL: MODE 'before' the call, 'after'
+it, or 'torn' (half the bytes of an append written, then killed).
+
+Two named kinds of point are counted over the whole run instead, with
+STAGE 'queue' (the generator's `Queue.save` of an iteration's rollouts,
+in its thread) or 'checkpoint' (a `Checkpointer.save` that writes one;
+'after': once it is on disk). A run that ends prints, as its last line,
+the JSON of each stage's kill points and of the named ones.
 """
 
 import json
@@ -30,7 +36,9 @@ sys.path.insert(0, ROOT)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from swirl_jax import config_lib, distributed, jsonl
 from swirl_jax.rollout.scripted import ScriptedSampler
+from swirl_jax.simpletir import pipeline
 from swirl_jax.simpletir import train as simpletir_train
+from swirl_jax.training import checkpoint
 from swirl_jax.swirl import jobs
 
 import simpletir_script
@@ -73,6 +81,42 @@ def _hook(module, name):
     return out
 
   setattr(module, name, wrapped)
+
+
+NAMED = {"queue": 0, "checkpoint": 0}  # Named points reached so far.
+
+
+def _named(kind: str, when: str) -> None:
+  """The `kind` point being passed `when` ('before' counts it)."""
+  if when == "before":
+    NAMED[kind] += 1
+  if _kill["stage"] == kind and NAMED[kind] == _kill["at"] and \
+      _kill["mode"] == when:
+    _die()
+
+
+def _hook_named():
+  real_save = pipeline.Queue.save
+
+  def queue_save(self, it, version, trajs):
+    _named("queue", "before")
+    real_save(self, it, version, trajs)
+    _named("queue", "after")
+  pipeline.Queue.save = queue_save
+
+  real_ckpt = checkpoint.Checkpointer.save
+
+  def ckpt_save(self, state, *, force=False, extra=None):
+    step, pos = int(jax.device_get(state.step)), int(
+        jax.device_get(state.data_pos))
+    if not self.due(step, force=force, data_pos=pos):
+      return real_ckpt(self, state, force=force, extra=extra)
+    _named("checkpoint", "before")
+    out = real_ckpt(self, state, force=force, extra=extra)
+    self.wait()  # On disk, then 'after'.
+    _named("checkpoint", "after")
+    return out
+  checkpoint.Checkpointer.save = ckpt_save
 
 
 def swirl_config():
@@ -144,9 +188,9 @@ def run_simpletir(workdir):
       c, workdir, make_sampler=_script_sampler(c, answers))
 
 
-def run_simpletir_async(workdir):
+def run_simpletir_async(workdir, staleness=1):
   c = simpletir_config()
-  c.staleness = 1
+  c.staleness = staleness
   c.train.loss.tis_cap = 2.0
   c.validation.update(every=2, k=2, limit=2)
   _stage("train", lambda: simpletir_script.run(c, workdir))()
@@ -161,10 +205,13 @@ def main(argv):
                        (distributed, "run_shared"),
                        (distributed, "run_local")):
     _hook(module, name)
+  _hook_named()
   if scenario == "simpletir":
     run_simpletir(workdir)
   elif scenario == "simpletir_async":
     run_simpletir_async(workdir)
+  elif scenario == "simpletir_async2":
+    run_simpletir_async(workdir, staleness=2)
   else:
     run = jobs._RUN  # pylint: disable=protected-access
     for stage in ("stage1", "filter", "rl", "eval"):
@@ -172,7 +219,7 @@ def main(argv):
     c = swirl_config()
     c.stages = ("stage1", "filter", "rl", "eval")
     jobs.run_pipeline(c, workdir)
-  print(json.dumps(_calls["counts"]))
+  print(json.dumps({**_calls["counts"], **NAMED}))
 
 
 if __name__ == "__main__":

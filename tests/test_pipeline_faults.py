@@ -1,9 +1,19 @@
 """SimpleTIR's rollout queue and the saves around it, where they went
 wrong: trailing filtered iterations never saved, another run's queue read
-as this one's, the queue kept whole, a generator fault without its cause.
+as this one's, the queue kept whole, a generator fault without its cause
+or one that reached only its own host; and the one dispatcher, which no
+device program of either thread bypasses.
 
 The pipeline itself (staleness, exact resume): test_async_simpletir.py,
 test_resume_simpletir.py."""
+
+import json
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -188,3 +198,73 @@ def test_a_generator_fault_names_the_iteration_and_the_cause():
     user = cls is pipeline.FailedUserError  # `main` prints the line alone.
     assert errors.one_line(e.value) == (head + says if user else None)
     gen.close()
+
+
+WORKER = pathlib.Path(__file__).resolve().parent / "fault_worker.py"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_a_generator_fault_on_one_host_ends_every_host_in_seconds(tmp_path):
+  """Two hosts at staleness 1; host 1's generator raises while it samples
+  iteration 1 (fault_worker.py). Both processes end within 30 s of the
+  fault: host 1 with its own error (the iteration, the version, the
+  cause), host 0 with one `error:` line naming host 1 and the same cause.
+  Before every host met in `take`, host 0 went on into the next
+  collective and waited there for the coordination service's timeout."""
+  address = f"127.0.0.1:{_free_port()}"
+  env = testutil.cpu_env(
+      JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
+      XLA_FLAGS="--xla_force_host_platform_device_count=4 "
+      + testutil.FAST_XLA_FLAGS, PYTHONPATH=str(WORKER.parents[1]),
+      **testutil.jax_cache_env())
+  procs = [subprocess.Popen(
+      [sys.executable, str(WORKER), str(tmp_path / "work")],
+      env={**env, "JAX_PROCESS_ID": str(i)}, cwd=WORKER.parents[1],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:  # A generous limit for start-up on a loaded machine.
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  ended = time.time()
+  codes = [p.returncode for p in procs]
+  fault = [float(t) for t in re.findall(r"FAULT_AT (\d+\.\d+)",
+                                        outputs[1])]
+  assert len(fault) == 1, outputs[1][-3000:]
+  assert ended - fault[0] < 30, (ended - fault[0], outputs)
+  cause = ("the rollout generator failed at iteration 1 (policy version "
+           "0): RuntimeError: injected fault")
+  assert codes[1] == 1 and f"Failed: {cause}" in outputs[1], \
+      outputs[1][-3000:]
+  assert codes[0] == 2, outputs[0][-3000:]
+  assert f"error: this run stopped: host 1: {cause}" in outputs[0], \
+      outputs[0][-3000:]
+  assert outputs[0].count("error:") == 1
+
+
+def test_every_program_beside_the_generator_is_queued_by_the_dispatcher(
+    tmp_path):
+  """SimpleTIR at staleness 1 on 4 CPU devices, the trainer's mesh over
+  all 4 and the sampler tensor-parallel over 2 (dispatch_check.py): every
+  program on more than one device that either thread queues while the
+  generator runs holds `dispatch.LOCK`, so no two threads' collectives
+  can be queued in different orders on different devices. Breaks if a
+  call site of either thread queues without it (each is named)."""
+  checker = pathlib.Path(__file__).resolve().parent / "dispatch_check.py"
+  proc = subprocess.run(
+      [sys.executable, str(checker), str(tmp_path / "work")],
+      cwd=checker.parents[1], env=testutil.cpu_env(
+          PYTHONPATH=str(checker.parents[1]), **testutil.jax_cache_env()),
+      capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  out = json.loads(proc.stdout.splitlines()[-1])
+  assert out["threads"] == ["MainThread", "generator"], out
+  assert out["unlocked"] == [], out["unlocked"]

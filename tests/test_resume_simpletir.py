@@ -1,6 +1,9 @@
-"""SimpleTIR training killed -9 at seeded random points and rerun: every
+"""SimpleTIR training killed -9 at seeded random points, and (staleness 1
+and 2) at the queue's and the checkpoints' writes, and rerun: every
 iteration's rollouts and metrics once, TensorBoard the same, and the same
 records as an uninterrupted run."""
+
+import pytest
 
 import resume_checks as checks
 
@@ -27,18 +30,34 @@ def test_simpletir_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
       (ref / "report.md").read_text().replace(str(ref), "")
 
 
+# Each kind of point once before and once after, in an order in which
+# every kill lands on the run resumed from the one before: the queue's
+# while no checkpoint is on disk yet (a resumed run then samples from
+# iteration 0 again, loading what the queue holds), then the first
+# checkpoint's, before it is written, then once it is.
+POINTS = ("queue:2:before", "queue:2:after", "checkpoint:1:before",
+          "checkpoint:1:after")
+
+
+@pytest.mark.parametrize("scenario, staleness", [("simpletir_async", 1),
+                                                 ("simpletir_async2", 2)])
 def test_simpletir_async_killed_and_resumed_equals_an_uninterrupted_run(
-    tmp_path):
-  """Staleness 1 (rollouts sampled a version behind, in a thread, beside
-  the update; validation every 2 iterations): killed -9 at seeded points
-  (the generator thread's queue writes among them) and rerun, every
-  record once (validations too), the same rollouts files (each stamped
-  with its policy version) and the same final parameters as an
-  uninterrupted run. Several runs of the job: over a minute."""
+    tmp_path, scenario, staleness):
+  """Staleness 1 and 2 (rollouts sampled k versions behind, in a thread,
+  beside the update; validation every 2 iterations), killed -9 before and
+  after a queue write (in the generator's thread) and before and after a
+  checkpoint (staleness 1: then at a seeded random write), each time
+  rerun: every record once (validations too), the same rollouts files
+  (each stamped with its policy version) and the same final parameters
+  as an uninterrupted run. Six or seven runs of the job each: about two
+  minutes on 2 idle cores."""
   cache, ref, work = tmp_path / "cache", tmp_path / "ref", tmp_path / "work"
-  counts = checks.reference("simpletir_async", ref, cache)
-  plan = checks.kill_plan(counts, ("train",) * 3, seed=37)
-  checks.kill_and_resume("simpletir_async", work, cache, plan)
+  counts = checks.reference(scenario, ref, cache)
+  assert counts["queue"] == 5 and counts["checkpoint"] >= 2, counts
+  plan = list(POINTS)
+  if staleness == 1:  # And any write, at one seeded point.
+    plan += checks.kill_plan(counts, ("train",), seed=37)
+  checks.kill_and_resume(scenario, work, cache, plan)
   got = checks.records(work / "metrics.jsonl")
   checks.assert_same_records(got, checks.records(ref / "metrics.jsonl"))
   vals = [r["iteration"] for r in got if "val_iteration" in r]
@@ -52,6 +71,7 @@ def test_simpletir_async_killed_and_resumed_equals_an_uninterrupted_run(
   versions = [{r["meta"]["policy_version"]
                for r in checks.records(ref / "rollouts" / name)}
               for name in names]
-  assert versions == [{0}, {0}, {1}, {2}, {3}]  # Iteration i: i - 1.
+  # Iteration i: version max(0, i - k).
+  assert versions == [{max(0, i - staleness)} for i in range(5)]
   assert not (work / "queue").exists()  # Gone with the finished run.
   checks.assert_same_params(work / "hf", ref / "hf")

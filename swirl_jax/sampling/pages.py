@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from swirl_jax import dispatch
 from swirl_jax import sharding as shd
 from swirl_jax.models import paged
 from swirl_jax.models.config import ModelConfig
@@ -178,7 +179,7 @@ class PagedDevice:
           f"{self.limit} tokens ({self.row_pages} pages of {self.page}); "
           "raise engine.pages")
     self.set_params(self.sampler.params)
-    with self.layout.active():
+    with dispatch.LOCK, self.layout.active():
       self._dev = init(layout=self.layout, rows=self._M, pages=self._P,
                        page_size=self.page)
     self._free_entries = list(range(self._M))[::-1]  # pop() takes 0 first.
@@ -192,8 +193,9 @@ class PagedDevice:
   def set_params(self, params) -> None:
     """The params the next program calls decode with, on this device's
     mesh (a data group's copy is the given buffers on its devices)."""
-    self._params = params if self._shardings is None else jax.tree.map(
-        shd.reuse_shards, params, self._shardings)
+    with dispatch.LOCK:  # A relayout may be a program.
+      self._params = params if self._shardings is None else jax.tree.map(
+          shd.reuse_shards, params, self._shardings)
 
   def block(self) -> None:
     """Waits for the programs dispatched so far (for timing them)."""
@@ -245,8 +247,10 @@ class PagedDevice:
   def preempt(self, row) -> None:
     seat = row.seat
     if seat.entry >= 0:
-      # The stop-string matcher's state, for the row's next stretch.
-      seat.stop = int(self._dev[2][seat.entry])
+      # The stop-string matcher's state, for the row's next stretch (the
+      # read is a program too: the one dispatcher queues it).
+      with dispatch.LOCK:
+        seat.stop = int(self._dev[2][seat.entry])
       self._free_entries.append(seat.entry)
       seat.entry = -1
     self._free_pages += seat.pages[::-1]
@@ -332,8 +336,10 @@ class PagedDevice:
             self._padded([len(r.seat.tokens) for r in rows], n, 0))
 
   def _call(self, program, args, **static):
-    """Runs `program` on this device's pool; returns its other outputs."""
-    with self.layout.active():
+    """Runs `program` on this device's pool; returns its other outputs.
+    Queued by the one dispatcher (`dispatch`): the generator's thread
+    calls this beside the trainer's."""
+    with dispatch.LOCK, self.layout.active():
       self._dev, *out = program(self._params, self._dev, *args,
                                 layout=self.layout, **static)
     return out

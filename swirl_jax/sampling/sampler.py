@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from swirl_jax import config_lib
+from swirl_jax import dispatch
 from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder, loading
@@ -167,13 +168,14 @@ class Sampler:
     (`distributed.to_local`), layers split. Global params make it a
     collective (every host calls it, in the same order); this host's own
     (a result of this method) never cross hosts."""
-    if self.mesh is not None or jax.process_count() > 1:
-      mesh = self.mesh or shd.make_mesh([("one", 1)],
-                                        jax.local_devices()[:1])
-      params = distributed.to_local(params, decoding.param_shardings(
-          self.cfg, mesh, self.rules,
-          split=isinstance(params["layers"], (tuple, list))))
-    return _split_layers(params)
+    with dispatch.LOCK:  # Programs, beside the trainer's (`dispatch`).
+      if self.mesh is not None or jax.process_count() > 1:
+        mesh = self.mesh or shd.make_mesh([("one", 1)],
+                                          jax.local_devices()[:1])
+        params = distributed.to_local(params, decoding.param_shardings(
+            self.cfg, mesh, self.rules,
+            split=isinstance(params["layers"], (tuple, list))))
+      return _split_layers(params)
 
   def device(self, decode_batch: int, chunk_steps: int,
              append_tokens: int = 64, limit: int = 0):

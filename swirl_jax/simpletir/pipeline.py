@@ -45,6 +45,17 @@ checkpoint on disk to k past the trainer's position, not the whole run.
 unreadable, then stops with the error naming the missing file.) The
 queue goes when the run ends.
 
+A fault reaches every host. The hosts meet in `take` (and in `saved`,
+before a checkpoint) whatever happened: a host whose generator raised
+brings its error there, and every host raises (`distributed.
+fail_together`): that one its own error, the others `HostFailed` naming
+it, in one line. A host still waiting for its own rollouts does not wait
+them out: the failed generator leaves a mark in the queue
+(`failed-host<h>.txt`, cleared when a queue is opened again), which the
+waiting hosts look for every `POLL_S` seconds. No host so goes on into a
+collective that the failed one never joins (it would wait there until
+the coordination service's heartbeat timed out).
+
 A queue belongs to one run. Its manifest (`manifest.json`, written when
 the queue is made) holds what decides the rollouts: the config's fields
 that do (`stages.queue_manifest`: the seed among them) and the host
@@ -59,6 +70,8 @@ import re
 import shutil
 import threading
 from typing import Any, Callable
+
+import jax
 
 from swirl_jax import distributed, errors, jsonl
 from swirl_jax.rollout.engine import Policy
@@ -84,8 +97,15 @@ class FailedUserError(errors.UserError, Failed):
   `main` prints its one line."""
 
 
+class HostFailed(errors.UserError, Failed):
+  """Another host's generator failed: this host stops with one line naming
+  it (`main` prints it), the failed host's own log has the traceback."""
+
+
 MANIFEST = "manifest.json"
 _NAME = re.compile(r"iter_(\d+)_v(\d+)")
+_FAILED = "failed-host*.txt"  # A host's generator failed: its line.
+POLL_S = 0.5  # How often a waiting host looks for another host's failure.
 
 
 class Queue:
@@ -110,6 +130,9 @@ class Queue:
       if writing and not path.exists():
         jsonl.write_bytes(path, json.dumps(manifest, indent=1,
                                            sort_keys=True).encode())
+      if writing:  # A failed run's marks; this run starts clean.
+        for mark in self.directory.glob(_FAILED):
+          mark.unlink(missing_ok=True)
     theirs = jsonl.read_json(path)
     for key in sorted(manifest.keys() | theirs.keys(), key=_first):
       was, now = _shown(theirs, key), _shown(manifest, key)
@@ -139,6 +162,19 @@ class Queue:
       if m and int(m[1]) < data_pos and \
           self.path(int(m[1]), int(m[2])) == path:
         path.unlink(missing_ok=True)
+
+  def mark_failed(self, line: str) -> None:
+    """Tells the other hosts (the workdir is shared) that this host's
+    generator failed, so that one waiting for its own rollouts stops
+    waiting (`failed_elsewhere`) and meets this one in `take`."""
+    jsonl.write_bytes(self._mark(), line.encode())
+
+  def failed_elsewhere(self) -> bool:
+    return any(p != self._mark() for p in self.directory.glob(_FAILED))
+
+  def _mark(self) -> pathlib.Path:
+    return self.directory / _FAILED.replace("*",
+                                            f"{jax.process_index():03d}")
 
   def clear(self) -> None:
     shutil.rmtree(self.directory, ignore_errors=True)
@@ -197,25 +233,56 @@ class Generator:
 
   def take(self, it: int) -> list[Trajectory]:
     """Iteration `it`'s rollouts (waits for the thread; k = 0: samples
-    them now, on version `it`, which must be published)."""
+    them now, on version `it`, which must be published). Every host
+    meets here: if any host's generator failed, every host raises
+    (`distributed.fail_together`), none waits in a later collective."""
+    trajs, error = None, None
+    try:
+      trajs = self._take(it)
+    except Exception as e:  # pylint: disable=broad-except
+      error = e  # Reported to every host below.
+    distributed.fail_together(error, "this run stopped", HostFailed)
+    if trajs is None:  # Marked failed elsewhere, yet no host reported it.
+      raise Failed(f"iteration {it}: a host marked its generator failed "
+                   f"in {self.queue.directory}, but none reported why")
+    return trajs
+
+  def _take(self, it: int) -> list[Trajectory] | None:
+    """This host's rollouts of `it`; None when another host failed."""
     if not self.k:
       policy = self._versions[it]
       self._versions = {it: policy}  # Older ones are never used again.
       return self.collect(it, lambda: policy)
-    with self._cond:
-      self._cond.wait_for(lambda: it in self._ready or self._error)
-      self._raise()
-      return self._ready.pop(it)
+    if not self._wait_until(lambda: it in self._ready):
+      return None
+    return self._ready.pop(it)
 
   def saved(self, data_pos: int) -> None:
     """Waits until the rollouts a resume from `data_pos` needs are on disk
-    (those of iterations before data_pos + k); `Trainer.before_save`."""
+    (those of iterations before data_pos + k); `Trainer.before_save`.
+    Every host meets here, as in `take`."""
     if not self.k:
       return
     upto = min(data_pos + self.k, self.stop)
+    error = None
+    try:
+      self._wait_until(lambda: self._next >= upto)
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    distributed.fail_together(error, "this run stopped", HostFailed)
+
+  def _wait_until(self, done: Callable[[], bool]) -> bool:
+    """Waits for `done()` (True) or this thread's error (raised,
+    `_raise`); False as soon as another host's generator failed (its mark
+    in the queue), so this host goes on to meet it in `fail_together`
+    rather than wait out its own iteration."""
     with self._cond:
-      self._cond.wait_for(lambda: self._next >= upto or self._error)
+      while not self._cond.wait_for(lambda: done() or self._error,
+                                    timeout=POLL_S):
+        if self.queue is not None and self.queue.failed_elsewhere():
+          return False
       self._raise()
+      return True
 
   def prune(self, data_pos: int) -> None:
     """The queue's files of iterations before `data_pos` go (a checkpoint
@@ -247,11 +314,13 @@ class Generator:
     if self._error is None:
       return
     it, e = self._error
-    line = errors.one_line(e)
-    cause = line or f"{type(e).__name__}: {_first_line(e)}"
-    cls = FailedUserError if line else Failed
-    raise cls(f"the rollout generator failed at iteration {it} "
-              f"(policy version {self.version_for(it)}): {cause}") from e
+    cls = FailedUserError if errors.one_line(e) else Failed
+    raise cls(self._line(it, e)) from e
+
+  def _line(self, it: int, e: BaseException) -> str:
+    cause = errors.one_line(e) or f"{type(e).__name__}: {_first_line(e)}"
+    return (f"the rollout generator failed at iteration {it} "
+            f"(policy version {self.version_for(it)}): {cause}")
 
   def _run(self, start: int) -> None:
     it = start
@@ -273,6 +342,11 @@ class Generator:
       with self._cond:
         self._error = (it, e)  # Raised in the main thread (`_raise`).
         self._cond.notify_all()
+      if self.queue is not None:
+        try:
+          self.queue.mark_failed(self._line(it, e))
+        except OSError:
+          pass  # The others then learn of it in `take`, a little later.
 
   def _collect(self, it: int, version: int) -> list[Trajectory]:
     """Iteration `it`'s rollouts from the queue, or sampled on `version`

@@ -38,6 +38,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from swirl_jax import dispatch
 from swirl_jax import distributed
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout.records import Trajectory, write_jsonl
@@ -145,9 +146,10 @@ def policy(loop: Loop) -> engine_lib.Policy:
   copy on its decode mesh: a collective), versioned by the iterations it
   has trained. Sampled beside the updates (staleness), a copy of its own:
   the update donates the trainer's buffers."""
-  params = loop.sampler.local_params(loop.trainer.sampling_params())
-  if loop.c.staleness:
-    params = jax.tree.map(jnp.copy, params)
+  with dispatch.LOCK:  # A generator may sample beside it (`dispatch`).
+    params = loop.sampler.local_params(loop.trainer.sampling_params())
+    if loop.c.staleness:
+      params = jax.tree.map(jnp.copy, params)
   return engine_lib.Policy(loop.trainer.data_pos, params)
 
 
@@ -253,7 +255,8 @@ def update(loop: Loop, gen: pipeline.Generator, batch: dict | None,
   if batch is None:
     t.skip(stats)
   else:
-    t.update(batch, extra=stats)
+    t.update(batch, extra=stats)  # Not under the lock: its checkpoint
+    # waits for the generator (`Generator.saved`); it queues under it.
     logging.info("iteration %d: reward %.3f void %.3f rows %d",
                  int(stats["iteration"]), stats["reward"],
                  stats["void_rate"], int(stats["rows_in_loss"]))
@@ -289,11 +292,15 @@ def iteration(loop: Loop, gen: pipeline.Generator, it: int) -> None:
   every = loop.c.validation.every
   if every and it % every == 0:
     validate(loop, gen, it)
-  trajs, rows = score(loop, gen.take(it))
-  sel, adv, stats = select(loop, it, trajs, rows)
-  record(loop, it, trajs)
-  batch = None
-  if stats["rows_in_loss"]:  # Every host's.
-    batch = make_batch(loop, trajs, sel, adv)
-    logprobs(loop, batch, stats)
+  taken = gen.take(it)
+  # The generator may sample beside these: their programs are queued by
+  # the one dispatcher (`dispatch`), never while waiting for it.
+  with dispatch.LOCK:
+    trajs, rows = score(loop, taken)
+    sel, adv, stats = select(loop, it, trajs, rows)
+    record(loop, it, trajs)
+    batch = None
+    if stats["rows_in_loss"]:  # Every host's.
+      batch = make_batch(loop, trajs, sel, adv)
+      logprobs(loop, batch, stats)
   update(loop, gen, batch, stats)

@@ -44,6 +44,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from swirl_jax import config_lib
+from swirl_jax import dispatch
 from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models import decoder
@@ -287,9 +288,12 @@ class TrainStep:
     return self._jitted(batch_size, m)
 
   def __call__(self, state: TrainState, batch):
-    batch = self.place(batch)
-    with shd.use_mesh(self.mesh, self.rules):
-      return self.jitted(*batch["tokens"].shape)(state, batch)
+    # Queued by the one dispatcher (placing too: it may reshard device
+    # arrays): a generator may sample beside it.
+    with dispatch.LOCK:
+      batch = self.place(batch)
+      with shd.use_mesh(self.mesh, self.rules):
+        return self.jitted(*batch["tokens"].shape)(state, batch)
 
   def lower(self, state: TrainState, batch):
     """The lowered step (`.compile().memory_analysis()`, cost analysis)."""
@@ -378,7 +382,8 @@ def ppo_update(step: TrainStep, state: TrainState, batch, *, epochs: int = 1,
           jax.random.fold_in(key, epoch), b))
     for i in range(0, b, mb):
       rows = order[i:i + mb]
-      state, metrics = step(state, {k: v[rows] for k, v in host.items()})
+      with dispatch.LOCK:  # Device rows are gathered by programs too.
+        state, metrics = step(state, {k: v[rows] for k, v in host.items()})
       out.append(metrics)
   return state, out
 
@@ -400,7 +405,8 @@ def make_logprob_fn(cfg: ModelConfig, mesh: Mesh, param_shardings, *,
 
   def call(params, batch):
     b = len(batch["tokens"])
-    with shd.use_mesh(mesh, rules):
+    # Placing may reshard device arrays: programs too, queued alike.
+    with dispatch.LOCK, shd.use_mesh(mesh, rules):
       return jitted(b)(params, place_batch(batch,
                                            batch_sharding(mesh, b, rules)))
   return call

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
+from swirl_jax import dispatch
 from swirl_jax import distributed
 from swirl_jax import sharding as shd
 from swirl_jax.models import loading
@@ -132,10 +133,11 @@ class Trainer:
     """
     c = self.config
     first = self.step
-    self.state, metrics = step_lib.ppo_update(
-        self.step_fn, self.state, batch, epochs=c.ppo_epochs,
-        mini_batch_size=c.mini_batch_size)
-    self._advance_data()
+    with dispatch.LOCK:  # A generator may sample beside it: `dispatch`.
+      self.state, metrics = step_lib.ppo_update(
+          self.step_fn, self.state, batch, epochs=c.ppo_epochs,
+          mini_batch_size=c.mini_batch_size)
+      self._advance_data()
     host = step_lib.iterate_metrics(metrics)
     for i, m in enumerate(host):
       self.writer.write(first + i + 1, {**(extra or {}), **m},
@@ -174,8 +176,9 @@ class Trainer:
                         iteration=self.data_pos - 1)
 
   def _advance_data(self):
-    self.state = self.state.replace(data_pos=jax.device_put(
-        self.state.data_pos + 1, self.shardings.data_pos))
+    with dispatch.LOCK:  # `+ 1` is a program on the mesh.
+      self.state = self.state.replace(data_pos=jax.device_put(
+          self.state.data_pos + 1, self.shardings.data_pos))
 
   def policy_params(self):
     """Model params for sampling (LoRA merged by `lora.merge`, one program
@@ -196,13 +199,16 @@ class Trainer:
 
   def export_hf(self, path: str | None = None, tokenizer=None) -> str:
     path, state = str(path or self.workdir / "hf"), self.state
-    if jax.process_count() > 1:  # Params whole on every host; 0 writes.
-      state = state.replace(params=distributed.to_host(state.params),
-                            frozen=distributed.to_host(state.frozen))
-    with distributed.one_writer(f"export {path}") as writing:
-      if writing:
-        ckpt_lib.export_hf(state, self.model_cfg, path,
-                           lora_cfg=self.lora_cfg, tokenizer=tokenizer)
+    # Its reads of the params (and LoRA's merge) are programs: queued by
+    # the one dispatcher (`dispatch`), as validation may export mid-run.
+    with dispatch.LOCK:
+      if jax.process_count() > 1:  # Params whole on every host; 0 writes.
+        state = state.replace(params=distributed.to_host(state.params),
+                              frozen=distributed.to_host(state.frozen))
+      with distributed.one_writer(f"export {path}") as writing:
+        if writing:
+          ckpt_lib.export_hf(state, self.model_cfg, path,
+                             lora_cfg=self.lora_cfg, tokenizer=tokenizer)
     return path
 
   def close(self, save: bool = True) -> None:
