@@ -20,7 +20,7 @@ held-out avg@k per seed.
 import json
 import pathlib
 
-from swirl_jax import distributed, warmstart
+from swirl_jax import distributed, viewer, warmstart
 from swirl_jax.evaluation import agent_eval
 from swirl_jax.evaluation import seeds as seeds_lib
 from swirl_jax.simpletir import evaluate, report, train
@@ -139,6 +139,8 @@ def run_heldout(c, workdir) -> dict:
       (work / "heldout.md").write_text(md)
       with open(work / "report.md", "a", encoding="utf-8") as f:
         f.write("\n## Held out\n\n" + md)
+  # The viewer again, now with the held-out answers of both policies.
+  viewer.write_for_run(work)
   print(md)
   print(json.dumps(results), flush=True)
   return results
@@ -151,5 +153,18 @@ def run(c, workdir):
                                "tool_solved_rate"))
   if out is None:  # One seed of several (only_seed).
     return None
-  plot(c, workdir, {int(s): r for s, r in out["per_seed"].items()})
+  per_seed = {int(s): r for s, r in out["per_seed"].items()}
+  plot(c, workdir, per_seed)
+  _criteria(c, workdir, per_seed)
   return out
+
+
+def _criteria(c, workdir, per_seed: dict) -> None:
+  """Each seed's warm-start criterion (made by its first arm), one line a
+  seed under the seeds.md table."""
+  work, first = pathlib.Path(workdir), arms(c)[0][0]
+  lines = [f"- seed {s}: {line}" for s in per_seed
+           if (line := warmstart.criterion_line(work / f"seed_{s}" / first))]
+  if lines:
+    with open(work / "seeds.md", "a", encoding="utf-8") as f:
+      f.write("\n" + "\n".join(lines) + "\n")
