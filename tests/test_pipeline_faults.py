@@ -211,17 +211,17 @@ def _free_port() -> int:
 
 def test_a_generator_fault_on_one_host_ends_every_host_in_seconds(tmp_path):
   """Two hosts at staleness 1; host 1's generator raises while it samples
-  iteration 1 (fault_worker.py). Both processes end within 30 s of the
-  fault: host 1 with its own error (the iteration, the version, the
+  iteration 2 (fault_worker.py; by then every program is compiled, so
+  host 1's trainer reaches `take` within an update). Both processes end
+  within 30 s of the fault: host 1 with its own error (the iteration, the version, the
   cause), host 0 with one `error:` line naming host 1 and the same cause.
   Before every host met in `take`, host 0 went on into the next
   collective and waited there for the coordination service's timeout."""
   address = f"127.0.0.1:{_free_port()}"
   env = testutil.cpu_env(
       JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
-      XLA_FLAGS="--xla_force_host_platform_device_count=4 "
-      + testutil.FAST_XLA_FLAGS, PYTHONPATH=str(WORKER.parents[1]),
-      **testutil.jax_cache_env())
+      XLA_FLAGS="--xla_force_host_platform_device_count=4", FAULT_AT="2",
+      PYTHONPATH=str(WORKER.parents[1]), **testutil.jax_cache_env())
   procs = [subprocess.Popen(
       [sys.executable, str(WORKER), str(tmp_path / "work")],
       env={**env, "JAX_PROCESS_ID": str(i)}, cwd=WORKER.parents[1],
@@ -240,8 +240,8 @@ def test_a_generator_fault_on_one_host_ends_every_host_in_seconds(tmp_path):
                                         outputs[1])]
   assert len(fault) == 1, outputs[1][-3000:]
   assert ended - fault[0] < 30, (ended - fault[0], outputs)
-  cause = ("the rollout generator failed at iteration 1 (policy version "
-           "0): RuntimeError: injected fault")
+  cause = ("the rollout generator failed at iteration 2 (policy version "
+           "1): RuntimeError: injected fault")
   assert codes[1] == 1 and f"Failed: {cause}" in outputs[1], \
       outputs[1][-3000:]
   assert codes[0] == 2, outputs[0][-3000:]
