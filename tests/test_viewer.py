@@ -396,6 +396,13 @@ def _wait(browser, test, what, timeout=10.0):
   raise AssertionError(f"timed out waiting for {what}")
 
 
+def _search(browser, text: str) -> None:
+  """Types `text` into the search box, as a user's input event would."""
+  browser.execute_script(
+      "const s = document.getElementById('f-search'); s.value = "
+      "arguments[0]; s.dispatchEvent(new Event('input'));", text)
+
+
 def _choose(browser, select_id, value):
   browser.execute_script(
       "const s = document.getElementById(arguments[0]); s.value = "
@@ -436,9 +443,7 @@ def test_page_in_headless_chromium(toy_run, inline):
     _choose(browser, "f-judge", "B")
     _wait(browser, f"{status}.startsWith('1 of 10')", "the judge filter")
     _choose(browser, "f-judge", "")
-    browser.execute_script(
-        "const s = document.getElementById('f-search'); s.value = "
-        "'iteration 1'; s.dispatchEvent(new Event('input'));")
+    _search(browser, "iteration 1")
     _wait(browser, f"{status}.startsWith('3 of 10')", "the search")
     _choose(browser, "f-void", "1")
     _wait(browser, f"{status}.startsWith('1 of 10')", "void in iter 1")
@@ -447,9 +452,7 @@ def test_page_in_headless_chromium(toy_run, inline):
                 ".void-why'); return e && e.textContent", "the void turn")
     assert "cut at the turn's token limit" in why
     # The full-text search finds a token only the turns hold.
-    browser.execute_script(
-        "const s = document.getElementById('f-search'); s.value = "
-        "'needle-in-text'; s.dispatchEvent(new Event('input'));")
+    _search(browser, "needle-in-text")
     _choose(browser, "f-void", "")
     browser.execute_script("document.getElementById('f-full').click()")
     _wait(browser, f"{status}.startsWith('2 of 10')", "full-text search")
@@ -460,17 +463,13 @@ def test_page_in_headless_chromium(toy_run, inline):
                  "[e.textContent, e.style.backgroundColor])", "tokens")
     assert [t[0] for t in toks] == ["", "€", " 5", "needle-in-text"]
     assert all(t[1] not in ("", "transparent") for t in toks[:3])
-    browser.execute_script(
-        "const s = document.getElementById('f-search'); s.value = "
-        "'NameError'; s.dispatchEvent(new Event('input'));")
+    _search(browser, "NameError")
     _wait(browser, f"{status}.startsWith('2 of 10')", "the tool output")
     browser.execute_script("document.querySelector('#rows tr.row').click()")
     label = _wait(browser, "const e = document.querySelector('.obs.err "
                   ".obs-label'); return e && e.textContent", "tool output")
     assert "masked out of the loss" in label
-    browser.execute_script(
-        "const s = document.getElementById('f-search'); s.value = "
-        "'arith'; s.dispatchEvent(new Event('input'));")
+    _search(browser, "arith")
     browser.execute_script(
         "const s = document.getElementById('f-groups'); [...s.options]"
         ".forEach(o => o.selected = o.value === '2'); "
