@@ -38,6 +38,14 @@ seed trains the void filter on and off from its one warm start):
       --config=configs/simpletir_demo.py:seeds=3,ablation=void \
       --workdir=/tmp/simpletir_void
 
+single_turn (the warm start's demonstrations end at their code block,
+`demonstrations.py`'s `code_only`, or guess: the policy has never seen
+an execution result, SimpleTIR's regime for the void filter):
+
+  python -m swirl_jax.main \
+      --config=configs/simpletir_demo.py:seeds=5,ablation=void,single_turn=True \
+      --workdir=/tmp/simpletir_void_single
+
 staleness (k > 0: rollouts sampled k policy versions behind the update,
 while it runs; swirl_jax/simpletir/pipeline.py), with truncated importance
 sampling (loss.tis_cap = TIS_CAP), which it needs with the trainer's old
@@ -71,7 +79,7 @@ TIS_CAP = 2.0
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, filter_void=True, warmstart_from="",
                            smoke=False, seed=0, seeds=0, first_seed=0,
-                           ablation="", staleness=0)
+                           ablation="", staleness=0, single_turn=False)
   if a.ablation not in ABLATIONS:
     raise config_lib.ConfigError(f"ablation {a.ablation!r}; valid: "
                                  f"{', '.join(map(repr, ABLATIONS))}")
@@ -86,6 +94,8 @@ def get_config(arg=None):
   # Half the demonstrations run code; the rest err in the ways GRPO and
   # the void filter are about (module docstring).
   w.mix = dict(tool=0.5, direct=0.25, bad_code=0.1, void=0.15)
+  if a.single_turn:  # Code, or a guess; never an execution result.
+    w.mix = dict(code_only=0.5, direct=0.5)
   # Until its samples copy the problem's numbers into code a quarter of
   # the time (warmstart.py: the criterion), checked every 40 steps, by
   # step 960 at most; the cosine decays over 480 steps, then holds. At a

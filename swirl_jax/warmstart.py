@@ -218,7 +218,8 @@ def run(c, workdir, tasks, tools) -> str:
   logging.info("warm start: %d demonstrations (%d correct), vocab %d; "
                "styles %s", len(trajs), len(good), tok.vocab_size,
                dict(collections.Counter(styles)) if w.mix else "gold")
-  seqs = [t.token_sequence() for t in (trajs if w.mix else good)]
+  seqs = [_demonstration(t, s) for t, s in zip(trajs, styles)] if w.mix \
+      else [t.token_sequence() for t in good]
   if w.loss_on == "all":
     seqs = [(tok_, np.ones_like(mask), lp) for tok_, mask, lp in seqs]
   elif w.loss_on != "actions":
@@ -258,6 +259,16 @@ def run(c, workdir, tasks, tools) -> str:
     trainer.close(save=ok)  # After a failure the state may be donated.
   trainer.export_hf(tokenizer=tok)
   return str(out)
+
+
+def _demonstration(traj: Trajectory, style: str):
+  """`traj.token_sequence()`, cut after its first action where `style`
+  ends at its call (`demonstrations.ENDS_AT_CALL`)."""
+  seq = traj.token_sequence()
+  if style not in demonstrations.ENDS_AT_CALL or not traj.turns:
+    return seq
+  end = len(traj.prompt_ids) + len(traj.turns[0].action_ids)
+  return tuple(x[:end] for x in seq)
 
 
 def task_count(w) -> int:

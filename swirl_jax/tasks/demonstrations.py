@@ -12,7 +12,14 @@ SimpleTIR (format 'simpletir', the `compute_tasks` problems):
   direct    boxes an answer without running code: a small model cannot
             compute it, so it learns to guess;
   bad_code  a block that fails (a syntax error), then a guessed answer;
-  void      an unclosed block, and the turn ends there: a void turn.
+  void      an unclosed block, and the turn ends there: a void turn;
+  code_only the gold trajectory's first turn (the ```python block) and
+            nothing after it: the warm start trains on it cut at the
+            block's end (`ENDS_AT_CALL`), so a policy warm-started on
+            `code_only` and `direct` alone has never seen an execution
+            result in its context (the single-turn regime in which
+            SimpleTIR reports its collapse: what follows tool output is
+            out of distribution).
 SWiRL (format 'swirl', arithmetic word problems with the calculator):
   gold      every step right;
   operand   the last step takes a wrong number of the problem (another
@@ -34,9 +41,12 @@ import random
 from swirl_jax.tasks import synthetic
 from swirl_jax.tasks.records import Task
 
-STYLES = {"simpletir": ("tool", "direct", "bad_code", "void"),
+STYLES = {"simpletir": ("tool", "direct", "bad_code", "void", "code_only"),
           "swirl": ("gold", "operand", "skip")}
 GOLD = {"simpletir": "tool", "swirl": "gold"}
+# Styles whose demonstration ends with its first call: what the loop
+# appends after it (the tool's output) stays out of the warm start's data.
+ENDS_AT_CALL = frozenset({"code_only"})
 
 
 def check_mix(mix: dict, fmt: str) -> dict[str, float]:
@@ -95,6 +105,8 @@ def _simpletir(task, style, gold, spaced, rng) -> list[dict]:
   box = lambda v: f"The {what} is {v}.\n\\boxed{{{_pad(v, spaced)}}}"
   if style == "direct":
     return [{"action": box(_guess(task, rng)), "observation": None}]
+  if style == "code_only":
+    return gold[:1]
   code = first[first.index("```python"):]
   if style == "void":  # The block never closes; the turn ends in it.
     return [{"action": opening + code[:code.rindex("```")].rstrip("\n"),
