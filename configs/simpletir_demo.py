@@ -38,12 +38,13 @@ seed trains the void filter on and off from its one warm start):
       --config=configs/simpletir_demo.py:seeds=3,ablation=void \
       --workdir=/tmp/simpletir_void
 
-single_turn (the warm start's demonstrations end at their code block,
-`demonstrations.py`'s `code_only`, or guess: the policy has never seen
-an execution result, SimpleTIR's regime for the void filter):
+single_turn ('never': the warm start's demonstrations end at their code
+block, `demonstrations.py`'s `code_only`, or guess, so the policy has
+never seen an execution result, SimpleTIR's regime for the void filter;
+'rarely': a tenth of them show it):
 
   python -m swirl_jax.main \
-      --config=configs/simpletir_demo.py:seeds=5,ablation=void,single_turn=True \
+      --config=configs/simpletir_demo.py:seeds=1,ablation=void,single_turn=never \
       --workdir=/tmp/simpletir_void_single
 
 staleness (k > 0: rollouts sampled k policy versions behind the update,
@@ -72,6 +73,12 @@ def _simpletir_math():
       os.path.join(os.path.dirname(__file__), "simpletir_math.py"))
 
 
+# Warm starts whose demonstrations (nearly) never show an execution result
+# (docs/results.md, "The void filter in the single-turn regime").
+SINGLE_TURN = {"": None,
+               "never": dict(code_only=0.5, direct=0.5),
+               "rarely": dict(tool=0.1, code_only=0.65, direct=0.25)}
+
 # Truncated importance sampling's cap with staleness (verl's TIS default).
 TIS_CAP = 2.0
 
@@ -79,7 +86,7 @@ TIS_CAP = 2.0
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, filter_void=True, warmstart_from="",
                            smoke=False, seed=0, seeds=0, first_seed=0,
-                           ablation="", staleness=0, single_turn=False)
+                           ablation="", staleness=0, single_turn="")
   if a.ablation not in ABLATIONS:
     raise config_lib.ConfigError(f"ablation {a.ablation!r}; valid: "
                                  f"{', '.join(map(repr, ABLATIONS))}")
@@ -94,8 +101,10 @@ def get_config(arg=None):
   # Half the demonstrations run code; the rest err in the ways GRPO and
   # the void filter are about (module docstring).
   w.mix = dict(tool=0.5, direct=0.25, bad_code=0.1, void=0.15)
-  if a.single_turn:  # Code, or a guess; never an execution result.
-    w.mix = dict(code_only=0.5, direct=0.5)
+  if a.single_turn not in SINGLE_TURN:
+    raise config_lib.ConfigError(f"single_turn {a.single_turn!r}; valid: "
+                                 f"{', '.join(map(repr, SINGLE_TURN))}")
+  w.mix = SINGLE_TURN[a.single_turn] or w.mix
   # Until its samples copy the problem's numbers into code a quarter of
   # the time (warmstart.py: the criterion), checked every 40 steps, by
   # step 960 at most; the cosine decays over 480 steps, then holds. At a

@@ -5,11 +5,17 @@ import os
 import pathlib
 
 
-def user_data_dir() -> str:
-  """The per-user data directory: `$XDG_CACHE_HOME/swirl_jax/data`, else
-  `~/.cache/swirl_jax/data` (it may not exist yet)."""
+def user_cache_dir() -> str:
+  """`$XDG_CACHE_HOME/swirl_jax`, else `~/.cache/swirl_jax` (it may not
+  exist yet)."""
   cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-  return os.path.join(cache, "swirl_jax", "data")
+  return os.path.join(cache, "swirl_jax")
+
+
+def user_data_dir() -> str:
+  """The per-user data directory: `user_cache_dir()/data` (it may not
+  exist yet)."""
+  return os.path.join(user_cache_dir(), "data")
 
 
 def data_job_dir() -> str:

@@ -7,6 +7,7 @@ import gguf
 import pytest
 
 from swirl_jax import paths
+from swirl_jax.models import gguf_io
 from swirl_jax.models.hf_io import CheckpointError
 from swirl_jax.models.tokenizer import Tokenizer, TokenizerError
 
@@ -373,3 +374,37 @@ def test_train_like_phrases_and_the_prompts_fixed_text(smol, tmp_path):
   assert all(new.id_to_piece(new.piece_to_id(p)) == p for p in phrases)
   new.save_hf_dir(tmp_path)
   assert Tokenizer.from_hf_dir(tmp_path).encode(prompt) == ids
+
+
+def test_conversion_is_kept_per_user_and_redone_when_the_file_changes(
+    tmp_path, monkeypatch):
+  """From a path, the converted tokenizer is kept under the user's cache
+  and read from there next time (the GGUF is not opened again); a torn
+  kept file is converted again and rewritten; a rewritten GGUF (another
+  chat template) is converted anew."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  path = _write_gguf(tmp_path / "spm.gguf")
+  first = Tokenizer.from_gguf(path)
+  kept = list((tmp_path / "cache" / "swirl_jax" / "tokenizers").iterdir())
+  assert [p.suffix for p in kept] == [".json"]
+  chat = [{"role": "user", "content": "hello world"}]
+
+  def same(tok, want=first):
+    assert tok.encode("hello that world") == want.encode("hello that world")
+    assert (tok.bos_id, tok.eos_ids, tok.add_bos) == (
+        want.bos_id, want.eos_ids, want.add_bos)
+    assert tok.apply_chat_template(chat) == want.apply_chat_template(chat)
+
+  opened = []
+  real_open = gguf_io.open_gguf
+  monkeypatch.setattr(gguf_io, "open_gguf",
+                      lambda p: opened.append(p) or real_open(p))
+  same(Tokenizer.from_gguf(path))
+  assert not opened  # Read from the kept file.
+  kept[0].write_text('{"backend": "{torn')
+  same(Tokenizer.from_gguf(path))
+  assert len(opened) == 1 and json.loads(kept[0].read_text())["kw"]
+  _write_gguf(path, chat_template=False)
+  with pytest.raises(TokenizerError, match="no chat template"):
+    Tokenizer.from_gguf(path).apply_chat_template(chat)
+  assert len(opened) == 2

@@ -5,6 +5,7 @@ then `hf_io.assemble` places them. llama.cpp stores the Q/K projection rows
 interleaved for its rotary convention; `unpermute_qk` undoes that.
 """
 
+import functools
 import os
 import pathlib
 
@@ -87,13 +88,27 @@ def read_config(reader, path, **overrides) -> ModelConfig:
 
 
 def open_gguf(path: str | os.PathLike):
-  """The file's one `gguf.GGUFReader`, shared by the weights and tokenizer."""
-  import gguf  # pylint: disable=g-import-not-at-top
+  """The file's one `gguf.GGUFReader`, shared by the weights and tokenizer.
+
+  A process reuses the reader of a file it opened before while the file is
+  unchanged (same inode, size and modification time): `gguf` parses every
+  metadata field in Python, about 4 s for SmolLM2's 49k-token vocabulary,
+  and a run loads the same policy's tokenizer several times (each stage,
+  the judge, evaluation). The reader only reads its memory map."""
   path = pathlib.Path(path)
   if not path.is_file():
     raise CheckpointError(f"{path}: file is missing")
+  st = path.stat()
+  return _open_gguf(str(path), st.st_ino, st.st_size,
+                    st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_gguf(path: str, inode: int, size: int, mtime_ns: int):
+  import gguf  # pylint: disable=g-import-not-at-top
+  del inode, size, mtime_ns  # The cache's key: the file as it is now.
   try:
-    return gguf.GGUFReader(str(path))
+    return gguf.GGUFReader(path)
   except Exception as e:  # gguf raises ValueError / struct errors.
     with open(path, "rb") as f:
       why = "truncated or corrupt" if f.read(4) == b"GGUF" else "no GGUF magic"

@@ -37,6 +37,7 @@ and the GGUF conversion are already their own modules
 """
 
 import copy
+import hashlib
 import json
 import os
 import pathlib
@@ -47,6 +48,7 @@ import tokenizers
 import transformers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from swirl_jax import paths
 from swirl_jax.models import gguf_io, gguf_tokenizer
 from swirl_jax.models import tokenizer_pipeline as pipeline
 from swirl_jax.models.gguf_tokenizer import TokenizerError
@@ -65,6 +67,49 @@ END_OF_GENERATION_TOKENS = frozenset({
 
 # ByteLevel's printable character -> the byte it spells.
 _BYTE_OF_CHAR = {c: b for b, c in bytes_to_unicode().items()}
+
+
+def _convert(reader, path: str):
+  """(backend, constructor keywords) of an open GGUF file."""
+  backend, kw = gguf_tokenizer.convert(reader, path)
+  kw["eos_ids"] += _end_of_turn_ids(backend)
+  if not kw["eos_ids"]:
+    raise TokenizerError(f"{path}: GGUF field 'tokenizer.ggml.eos_token_id'"
+                         " is missing and no end-of-turn token is marked")
+  return backend, kw
+
+
+def _cached_conversion(path):
+  """`_convert` of the GGUF file at `path`, kept as JSON under
+  `paths.user_cache_dir()/tokenizers`: `gguf` parses every metadata field
+  in Python (about 4 s for a 49k-token vocabulary, in every process that
+  loads the tokenizer alone), where the kept backend loads in a tenth of
+  that. The name holds the file's path, size and modification time and a
+  digest of the converter's source, so a changed file or converter is
+  converted again. A cache that cannot be read or written is skipped."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise gguf_io.CheckpointError(f"{path}: file is missing")
+  st = path.stat()
+  source = b"".join(pathlib.Path(m.__file__).read_bytes()
+                    for m in (gguf_tokenizer, pipeline))
+  key = hashlib.sha256(repr((str(path.resolve()), st.st_size,
+                             st.st_mtime_ns)).encode() + source).hexdigest()
+  kept = pathlib.Path(paths.user_cache_dir()) / "tokenizers" / f"{key}.json"
+  try:
+    saved = json.loads(kept.read_text())
+    return tokenizers.Tokenizer.from_str(saved["backend"]), saved["kw"]
+  except Exception:  # pylint: disable=broad-except
+    pass  # Not kept yet, or unreadable (the backend raises plain Exception).
+  backend, kw = _convert(gguf_io.open_gguf(path), str(path))
+  try:
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"backend": backend.to_str(), "kw": kw}))
+    os.replace(tmp, kept)  # Whole or absent, whoever writes it.
+  except OSError:
+    pass  # A read-only home: convert again next time.
+  return backend, kw
 
 
 class Tokenizer:
@@ -112,18 +157,16 @@ class Tokenizer:
     Args:
       path_or_reader: the .gguf path, or the `gguf.GGUFReader` that
         `gguf_io.open_gguf` returned (so a model load parses the file once).
+        From a path, the conversion is read from the per-user cache when
+        one of this file is there (`_cached_conversion`).
       chat_template_kwargs: template variables for every render.
     """
     if isinstance(path_or_reader, (str, os.PathLike)):
-      reader = gguf_io.open_gguf(path_or_reader)
+      backend, kw = _cached_conversion(path_or_reader)
+      path = str(path_or_reader)
     else:
-      reader = path_or_reader
-    path = gguf_io.reader_path(reader)
-    backend, kw = gguf_tokenizer.convert(reader, path)
-    kw["eos_ids"] += _end_of_turn_ids(backend)
-    if not kw["eos_ids"]:
-      raise TokenizerError(f"{path}: GGUF field 'tokenizer.ggml.eos_token_id'"
-                           " is missing and no end-of-turn token is marked")
+      path = gguf_io.reader_path(path_or_reader)
+      backend, kw = _convert(path_or_reader, path)
     return cls(backend, source=path,
                chat_template_kwargs=chat_template_kwargs, **kw)
 
