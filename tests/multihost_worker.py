@@ -201,6 +201,7 @@ def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
   is the 5th), so each host holds another number of kept rows."""
   from swirl_jax.rollout import engine as engine_lib  # pylint: disable=g-import-not-at-top
   from swirl_jax.rollout.scripted import ScriptedSampler  # pylint: disable=g-import-not-at-top
+  from swirl_jax.models import loading  # pylint: disable=g-import-not-at-top
   from swirl_jax.simpletir import train  # pylint: disable=g-import-not-at-top
   import simpletir_script  # pylint: disable=g-import-not-at-top
   c = simpletir_script.config()
@@ -213,7 +214,9 @@ def simpletir_scenario(work: pathlib.Path, iterations: int = 2,
   c.oversample = oversample
   if tokens:
     c.sampler.max_cache_len = c.max_seq_len = 4096
-  think = "Let me think step by step. " * (tokens // 7)
+  phrase = "Let me think step by step. "
+  per = len(loading.load_tokenizer(c.model.tokenizer).encode(phrase))
+  think = phrase * (tokens // per)
   with _scripted_pairs(engine_lib.RolloutEngine) as current:
 
     def script(row, turn):

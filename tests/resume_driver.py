@@ -42,6 +42,7 @@ from swirl_jax.training import checkpoint
 from swirl_jax.swirl import jobs
 
 import simpletir_script
+import small_tokenizer
 
 _calls = {"stage": "", "n": 0, "counts": {}}
 _kill = {"stage": "", "at": 0, "mode": ""}
@@ -123,6 +124,7 @@ def swirl_config():
   c = config_lib.load_config_module(
       os.path.join(ROOT, "configs", "swirl_synthetic_arith.py")).get_config(
           "model=tiny,judge=programmatic,runlocal")
+  c.model.tokenizer = str(small_tokenizer.PATH)
   c.data.train_limit, c.data.eval_limit = 4, 2
   c.stage1.update(samples=2, tasks_per_batch=1, max_turns=2,
                   max_new_tokens=12, max_response_tokens=24)
@@ -141,6 +143,7 @@ def simpletir_config():
   c = config_lib.load_config_module(
       os.path.join(ROOT, "configs", "simpletir_math.py")).get_config(
           "model=tiny,runlocal,data=synthetic_arith")
+  c.model.tokenizer = str(small_tokenizer.PATH)
   c.num_iterations, c.prompts_per_step, c.grpo.group_size = 5, 2, 4
   c.rollout.update(max_turns=2, max_new_tokens=24, max_response_tokens=48)
   c.sampler.max_cache_len = 512

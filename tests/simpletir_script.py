@@ -13,16 +13,22 @@ from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout.scripted import ScriptedSampler
 from swirl_jax.simpletir import train
 
+import small_tokenizer  # pylint: disable=g-bad-import-order
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def config(**rollout):
-  """configs/simpletir_math.py, tiny: 3 iterations of 2 prompts x 4."""
+def config(vocab: str = "small", **rollout):
+  """configs/simpletir_math.py, tiny: 3 iterations of 2 prompts x 4. With
+  the tests' small vocabulary (tests/small_tokenizer.py), or SmolLM2's
+  (`vocab='bundled'`: the runs whose figures were recorded with it)."""
   spec = importlib.util.spec_from_file_location(
       "simpletir_math", ROOT / "configs" / "simpletir_math.py")
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   c = mod.get_config("model=tiny,runlocal,data=synthetic_arith")
+  if vocab == "small":
+    c.model.tokenizer = str(small_tokenizer.PATH)
   c.num_iterations = 3
   c.prompts_per_step = 2
   c.grpo.group_size = 4

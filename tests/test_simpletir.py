@@ -129,7 +129,7 @@ def test_grpo_steps_with_real_sandbox(tmp_path, monkeypatch, old_logprobs):
   (tests/data/simpletir_sync), and it keeps no queue.
   """
   from swirl_jax.tools import sandbox  # pylint: disable=g-import-not-at-top
-  c = simpletir_script.config()
+  c = simpletir_script.config(vocab="bundled")  # The figures' vocabulary.
   c.old_logprobs = old_logprobs
   if old_logprobs == "trainer":
     c.void_grad_every = 1

@@ -21,6 +21,8 @@ from swirl_jax.tasks.records import Task
 from swirl_jax.tools import registry
 from swirl_jax.training import step as step_lib
 
+import small_tokenizer  # pylint: disable=g-bad-import-order
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -184,6 +186,7 @@ def _tiny_config(workdir_filter="none"):
   c = config_lib.load_config_module(
       str(ROOT / "configs" / "swirl_synthetic_arith.py")).get_config(
           "model=tiny,judge=programmatic,runlocal")
+  c.model.tokenizer = str(small_tokenizer.PATH)
   c.data.train_limit, c.data.eval_limit = 3, 2
   c.stage1.update(samples=2, tasks_per_batch=3, max_turns=2,
                   max_new_tokens=12, max_response_tokens=24)

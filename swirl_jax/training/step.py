@@ -383,9 +383,25 @@ def ppo_update(step: TrainStep, state: TrainState, batch, *, epochs: int = 1,
     for i in range(0, b, mb):
       rows = order[i:i + mb]
       with dispatch.LOCK:  # Device rows are gathered by programs too.
-        state, metrics = step(state, {k: v[rows] for k, v in host.items()})
+        state, metrics = step(state, _take_rows(host, rows))
       out.append(metrics)
   return state, out
+
+
+def _take_rows(batch: dict, rows: np.ndarray) -> dict:
+  """`batch`'s `rows`: host arrays indexed on the host, device arrays in
+  one program (an eager gather per array compiles and dispatches each on
+  its own: seconds a mini-batch on two CPU hosts)."""
+  dev = {k: v for k, v in batch.items() if isinstance(v, jax.Array)}
+  out = {k: v[rows] for k, v in batch.items() if k not in dev}
+  if dev:
+    out.update(_gather_rows(dev, rows))
+  return {k: out[k] for k in batch}
+
+
+@jax.jit
+def _gather_rows(tree, rows):
+  return jax.tree.map(lambda v: v[rows], tree)
 
 
 def make_logprob_fn(cfg: ModelConfig, mesh: Mesh, param_shardings, *,
