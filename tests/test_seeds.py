@@ -52,7 +52,9 @@ def test_aggregate_and_table_by_hand():
 
 
 def test_demo_over_two_seeds_through_main(tmp_path):
-  # The base policy alone (warm start, eval): the driver is what is tested.
+  """The seeds job through `python -m swirl_jax.main`: two smoke-size
+  warm starts and evaluations of the base policy (the driver is what is
+  tested), each compiled in a fresh process: about a minute on 2 cores."""
   args = (f"--config={ROOT / 'configs' / 'demo.py'}:smoke=True,seeds=2",
           f"--workdir={tmp_path}", "--config.stages=warmstart,eval",
           "--config.eval.policies=base")
