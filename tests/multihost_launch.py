@@ -5,11 +5,9 @@ a free localhost port; the reference is one process with 8 devices
 running the same scenario. And what the job tests compare: the files a
 job wrote, its losses, its exported params.
 
-Every process gets the session's compilation cache and, unless a launch
-says `fast_xla=False`, XLA's lowest backend optimisation level: the two
-sides of each comparison run under the same flags, and no test of these
-files pins a figure. (Slower programs: the exchange test's long turns ran
-longer than its compiles took, so it keeps the default level.)
+Every process gets the session's compilation cache and XLA's lowest
+backend optimisation level: the two sides of each comparison run under
+the same flags, and no test of these files pins a figure.
 """
 
 import json
@@ -40,32 +38,31 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _env(devices, fast_xla=True, **extra):
+def _env(devices, **extra):
   env = {k: v for k, v in os.environ.items() if k not in _DROP}
-  flags = f"--xla_force_host_platform_device_count={devices}"
-  if fast_xla:
-    flags += f" {testutil.FAST_XLA_FLAGS}"
+  flags = (f"--xla_force_host_platform_device_count={devices} "
+           f"{testutil.FAST_XLA_FLAGS}")
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), XLA_FLAGS=flags,
              **testutil.jax_cache_env())
   env.update({k: str(v) for k, v in extra.items()})
   return env
 
 
-def start_pair(scenario, out, fast_xla=True, **extra):
+def start_pair(scenario, out, **extra):
   """Both processes of a 2-host job, started (Popen, output piped)."""
   address = f"127.0.0.1:{_free_port()}"
   return [subprocess.Popen(
       [sys.executable, str(WORKER), scenario, str(out)], cwd=REPO,
-      env=_env(4, fast_xla, JAX_COORDINATOR_ADDRESS=address,
+      env=_env(4, JAX_COORDINATOR_ADDRESS=address,
                JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i, **extra),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
           for i in range(2)]
 
 
-def run_pair(scenario, out, timeout=60, fast_xla=True, **extra):
+def run_pair(scenario, out, timeout=60, **extra):
   """Both processes of a 2-host job; (returncodes, outputs, seconds)."""
   start = time.monotonic()
-  procs = start_pair(scenario, out, fast_xla, **extra)
+  procs = start_pair(scenario, out, **extra)
   try:
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
   finally:
@@ -76,11 +73,11 @@ def run_pair(scenario, out, timeout=60, fast_xla=True, **extra):
   return [p.returncode for p in procs], outputs, time.monotonic() - start
 
 
-def run_single(scenario, out, timeout=60, fast_xla=True, **extra):
+def run_single(scenario, out, timeout=60, **extra):
   """The same scenario in one process with 8 devices; its result_0.json
   (None for a job, which writes only its workdir)."""
   r = subprocess.run([sys.executable, str(WORKER), scenario, str(out)],
-                     cwd=REPO, env=_env(8, fast_xla, **extra),
+                     cwd=REPO, env=_env(8, **extra),
                      capture_output=True, text=True, timeout=timeout)
   assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
   path = out / "result_0.json"

@@ -1,5 +1,5 @@
 """The tests' small vocabulary (tests/data/small_tokenizer): SmolLM2's
-tokenizer retrained (`Tokenizer.train_like`) to 1024 entries on the
+tokenizer retrained (`Tokenizer.train_like`) to 768 entries on the
 synthetic tasks' conversations, the scripted turns the job tests play
 and the model judge's two words (each one token, with or without a
 space, so their first tokens differ: `judges/model.py`).
@@ -18,7 +18,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PATH = ROOT / "tests" / "data" / "small_tokenizer"
-VOCAB = 1024
+VOCAB = 768  # Even: the vocabulary is sharded over 'tensor'.
 
 
 def _texts(tok):

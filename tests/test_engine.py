@@ -22,6 +22,7 @@ from swirl_jax.tools import parsing, registry
 import compile_events
 import decode_golden
 from lockstep import LockStep
+import small_tokenizer
 import testutil
 
 SMALL = engine_lib.EngineConfig(slots=4, decode_batch=2, chunk_steps=4,
@@ -254,7 +255,9 @@ from swirl_jax.rollout import turns
 from swirl_jax.sampling.sampler import Sampler, SamplerConfig
 from swirl_jax.tasks import synthetic
 from swirl_jax.tools import registry
-cfg, params, tok = loading.load_policy(config_lib.model_config("tiny", ""))
+m = config_lib.model_config("tiny", "")
+m.tokenizer = "{tokenizer}"  # The tests' small vocabulary: 768, even.
+cfg, params, tok = loading.load_policy(m)
 tools = registry.build_tools(("calculator",))
 tasks = synthetic.arithmetic_tasks(3, seed=2)
 out = {}
@@ -300,7 +303,8 @@ def test_tensor_parallel_engine_equals_one_device():
   same trajectories as one device, token for token, greedy and seeded;
   log-probs to float rounding."""
   import fresh_process  # pylint: disable=g-import-not-at-top
-  out = fresh_process.last_json(_TENSOR_PARALLEL_SCRIPT)
+  out = fresh_process.last_json(_TENSOR_PARALLEL_SCRIPT.replace(
+      "{tokenizer}", str(small_tokenizer.PATH)))
   assert out["mesh_tp"] == {"data": 1, "tensor": 2}
   assert out["mesh_dp"] == {"data": 2, "tensor": 2}
   assert out["groups"] == [[0, 1], [2, 3]]

@@ -22,7 +22,7 @@ def test_simpletir_hosts_exchange_no_trajectories(tmp_path):
   three iterations in all: minutes."""
   out = tmp_path / "two"
   codes, outputs, _ = launch.run_pair(
-      "simpletir_bytes", out, timeout=600, fast_xla=False,
+      "simpletir_bytes", out, timeout=600,
       RESPONSE_TOKENS="64,256")
   assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
   hosts = [json.loads((out / f"result_{i}.json").read_text())
@@ -39,7 +39,7 @@ def test_simpletir_hosts_exchange_no_trajectories(tmp_path):
     # The largest: a fixed-size check message gathered from both hosts.
     assert max(reads[1]) <= 2 * distributed._MESSAGE_BYTES  # pylint: disable=protected-access
   one = launch.run_single("simpletir_bytes", tmp_path / "one", timeout=600,
-                          fast_xla=False, RESPONSE_TOKENS="256")["256"]
+                          RESPONSE_TOKENS="256")["256"]
   assert len(one["batch"]["tokens"][0]) > 256
   for host in (0, 1):
     assert got[256][host]["batch"] == one["batch"]
