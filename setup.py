@@ -4,6 +4,10 @@ import setuptools
 
 CORE = [
     "jax>=0.6",
+    # 0.7.0 takes 0.7 s to import its extension (0.07 s for 0.6.0 and
+    # 0.5.4), which every process that imports jax pays: over half of
+    # `import jax` on the 2-core Xeon.
+    "ml_dtypes>=0.5,!=0.7.0",
     "flax>=0.10",
     "optax>=0.2.4",
     "orbax-checkpoint>=0.11",

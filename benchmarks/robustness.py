@@ -3,9 +3,9 @@ r"""Whether the CPU demos' results depend on the CPU they ran on.
 Runs one seed of each demo (configs/demo.py: SWiRL; configs/
 simpletir_demo.py: SimpleTIR) under each XLA:CPU instruction-set level
 (`XLA_FLAGS=--xla_cpu_max_isa=...`; 'default' is the machine's best) and
-each intra-op thread setting ('all': XLA:CPU's thread pool; '1': one
-thread, `--xla_cpu_multi_thread_eigen=false
-intra_op_parallelism_threads=1`), each run in its own process and
+each intra-op thread setting ('all': every CPU the process may use; '1':
+the process pinned to one CPU, `os.sched_setaffinity`, so XLA:CPU sizes
+its thread pools for one), each run in its own process and
 workdir. Prints a line per run, then one JSON line: per setting, each
 demo's base and trained held-out accuracy (SWiRL: greedy accuracy;
 SimpleTIR: avg@4), the gain, the warm start's stopping step and copy
@@ -35,8 +35,16 @@ DEMOS = {  # name: (config, held-out metric, base / trained rows)
     "swirl": ("configs/demo.py", "accuracy", ("base", "rl")),
     "simpletir": ("configs/simpletir_demo.py", "avg@4", ("base", "trained")),
 }
-THREADS = {"all": "", "1": ("--xla_cpu_multi_thread_eigen=false "
-                            "intra_op_parallelism_threads=1")}
+# XLA_FLAGS' `--xla_cpu_multi_thread_eigen=false
+# intra_op_parallelism_threads=1` left a 2048 x 2048 matmul as fast as
+# the default on 2 cores (jax 0.10.2: 0.097 s against 0.102 s), so not one
+# thread; pinned to one CPU it took 0.170 s, and the process ran 13
+# threads against 17.
+THREADS = ("all", "1")
+
+
+def _one_cpu():
+  os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
 def _results(demo: str, work: pathlib.Path) -> dict:
@@ -61,15 +69,16 @@ def run_one(demo: str, isa: str, threads: str, seed: int,
   done = work / "robustness_run.json"
   if done.exists():
     return json.loads(done.read_text())
-  flags = " ".join(f for f in (
-      "" if isa == "default" else f"--xla_cpu_max_isa={isa}",
-      THREADS[threads]) if f)
-  env = dict(os.environ, XLA_FLAGS=flags)
+  if threads not in THREADS:
+    raise ValueError(f"threads {threads!r}: one of {THREADS}")
+  env = dict(os.environ, XLA_FLAGS="" if isa == "default"
+             else f"--xla_cpu_max_isa={isa}")
   t0 = time.time()
   proc = subprocess.run(
       [sys.executable, "-m", "swirl_jax.main", f"--config={config}:seed={seed}",
        f"--workdir={work}"], cwd=ROOT, env=env, capture_output=True,
-      text=True, check=False)
+      text=True, check=False,
+      preexec_fn=_one_cpu if threads == "1" else None)
   if proc.returncode:
     raise RuntimeError(f"{demo} {isa} {threads}: exit {proc.returncode}\n"
                        f"{proc.stderr[-3000:]}")
