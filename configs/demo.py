@@ -6,7 +6,7 @@ Chained arithmetic word problems ("Ana has 4 boxes with 7 shells in each
 box. Ana finds 12 more shells. ...", `synthetic.chain_tasks`: 2 or 3
 steps) with the live calculator. A small policy ("mini", 4 layers, with a
 vocabulary learnt for the task that keeps numbers whole) is warm-started
-on demonstrations of which half answer one step early and a sixth take a
+on demonstrations of which 60% answer one step early and a tenth take a
 wrong number in the last step (`tasks/demonstrations.py`), so the base
 policy's greedy answer is often wrong at the last step while its samples
 are sometimes right. Then SWiRL runs as in the paper: stage 1 samples
@@ -54,9 +54,12 @@ def get_config(arg=None):
   c.stages = ("warmstart", "stage1", "filter", "rl", "eval", "report")
   c.data.update(train="synthetic_chain", eval="synthetic_chain")
   w = c.warmstart = warmstart.cpu_demo_config("swirl", a.seed)
-  # Half the demonstrations answer a step early, so greedy decoding often
-  # does; a third are right (module docstring of tasks/demonstrations.py).
-  w.mix = dict(gold=0.35, skip=0.5, operand=0.15)
+  # 60% of the demonstrations answer a step early, so greedy decoding
+  # does; 30% are right (module docstring of tasks/demonstrations.py). At
+  # 50% early (gold 0.35, operand 0.15) the greedy choice at that fork was
+  # a coin toss that rounding decided: seed 0's base accuracy was 0.273
+  # on both cores and 0.547 on one (219b1e1).
+  w.mix = dict(gold=0.3, skip=0.6, operand=0.1)
   c.data.update(train_limit=128, eval_limit=128)
   c.sampler.max_cache_len = 512
   # A weak policy samples mostly noise at temperature 1.
