@@ -66,11 +66,11 @@ def _warm_start(work: pathlib.Path) -> dict:
 def run_one(demo: str, isa: str, threads: str, seed: int,
             work: pathlib.Path) -> dict:
   config, metric, (base, trained) = DEMOS[demo]
+  if threads not in THREADS:
+    raise ValueError(f"threads {threads!r}: one of {THREADS}")
   done = work / "robustness_run.json"
   if done.exists():
     return json.loads(done.read_text())
-  if threads not in THREADS:
-    raise ValueError(f"threads {threads!r}: one of {THREADS}")
   env = dict(os.environ, XLA_FLAGS="" if isa == "default"
              else f"--xla_cpu_max_isa={isa}")
   t0 = time.time()
