@@ -34,9 +34,14 @@ from swirl_jax.tasks import synthetic
 from swirl_jax.tools import parsing, registry
 
 from lockstep import LockStep  # pylint: disable=g-bad-import-order
+import small_tokenizer  # pylint: disable=g-bad-import-order
 
 PATH = pathlib.Path(__file__).parent / "data" / "decode_golden.json"
 GOLDEN = json.loads(PATH.read_text())
+# The engine's cases on the tests' small vocabulary (768 entries), recorded
+# by the same slot cache (tests/data/decode_golden.md).
+ENGINE_GOLDEN = json.loads(
+    (PATH.parent / "decode_golden_small.json").read_text())
 ALPHABET = ["<", "/", "a", ">", "b", " ", "x", "\n"]
 
 
@@ -125,6 +130,15 @@ def assert_same_trajs(got, want):
       np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=2e-5)
 
 
+def small_policy(preset: str):
+  """The model block of a random `preset` on the tests' small vocabulary:
+  SmolLM2's 49,152 entries made the output layer and sampling over it
+  most of a random tiny policy's decode time."""
+  m = config_lib.model_config(preset, "")
+  m.tokenizer = str(small_tokenizer.PATH)
+  return m
+
+
 ENGINE = dict(slots=4, decode_batch=2, chunk_steps=4, tool_workers=4)
 
 
@@ -132,10 +146,10 @@ def engine_run(preset: str, temperature: float, engine_kw=None,
                sampler_kw=None, lockstep=False):
   """(trajectories, the runner, (cfg, params)) of one rollout of 6 rows
   (3 tasks x 2) through the engine (or the lock-step oracle), with false
-  stops. `engine_kw` / `sampler_kw` override `EngineConfig` /
-  `SamplerConfig` fields."""
+  stops, on the tests' small vocabulary (`ENGINE_GOLDEN`'s). `engine_kw` /
+  `sampler_kw` override `EngineConfig` / `SamplerConfig` fields."""
   tools = registry.build_tools(("calculator",))
-  cfg, params, tok = loading.load_policy(config_lib.model_config(preset, ""))
+  cfg, params, tok = loading.load_policy(small_policy(preset))
   sampler = Sampler(params, cfg, tok, SamplerConfig(
       **dict(dict(max_cache_len=1024), **(sampler_kw or {}))))
   rc = turns.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,

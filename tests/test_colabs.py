@@ -23,6 +23,7 @@ def _execute(name: str, cwd: pathlib.Path, **env) -> nbformat.NotebookNode:
   assert not any(c.get("outputs") for c in nb.cells
                  if c.cell_type == "code"), f"{name}: clear the outputs"
   kernel_env = dict(os.environ, SWIRL_JAX_NOTEBOOK_SMALL="1",
+                    XLA_FLAGS=testutil.FAST_XLA_FLAGS,
                     **testutil.jax_cache_env(), **env)
   kernel_env["PYTHONPATH"] = os.pathsep.join(
       [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])

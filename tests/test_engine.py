@@ -9,7 +9,6 @@ import zlib
 import numpy as np
 import pytest
 
-from swirl_jax import config_lib
 from swirl_jax.models import loading
 from swirl_jax.rollout import engine as engine_lib
 from swirl_jax.rollout import turns
@@ -31,7 +30,8 @@ SMALL = engine_lib.EngineConfig(slots=4, decode_batch=2, chunk_steps=4,
 
 @pytest.fixture(scope="module")
 def tiny():
-  cfg, params, tok = loading.load_policy(config_lib.model_config("tiny", ""))
+  """The random tiny policy on the tests' small vocabulary."""
+  cfg, params, tok = loading.load_policy(decode_golden.small_policy("tiny"))
   sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=1024))
   return cfg, params, tok, sampler
 
@@ -102,7 +102,7 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
   _same(a, b)
   if temperature == 0.0:
     decode_golden.assert_same_trajs(decode_golden.trajs_json(b),
-                                    decode_golden.GOLDEN["engine_tiny_0.0"])
+                                    decode_golden.ENGINE_GOLDEN["engine_tiny_0.0"])
     assert "preempted" not in eng.metrics
     assert eng.device.free() == (4, 4 * 16)
   assert any(len(t.turns) > 2 for t in b)
@@ -245,7 +245,8 @@ def test_rows_out_of_room_end_cleanly(tiny, calc_tools):
 
 _TENSOR_PARALLEL_SCRIPT = """
 import json, os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 "
+                           "--xla_backend_optimization_level=0")
 import jax
 jax.config.update("jax_default_matmul_precision", "highest")
 from swirl_jax import config_lib
@@ -331,8 +332,7 @@ def test_policy_swaps_between_chunks_and_stamps_turns(tiny, calc_tools):
   is stamped with the oldest version that sampled it, and where its turns
   saw both, each turn with its own. A constant feed samples as no feed."""
   sampler = tiny[3]
-  other = loading.load_policy(config_lib.model_config("tiny", ""),
-                              seed=7)[1]
+  other = loading.load_policy(decode_golden.small_policy("tiny"), seed=7)[1]
   a, b = sampler.params, sampler.local_params(other)
   rc = turns.RolloutConfig(fmt="swirl", max_turns=3, max_new_tokens=32,
                            temperature=1.0, seed=3)

@@ -58,7 +58,8 @@ def test_engine_equals_the_slot_cache(preset, temperature):
   trajs, eng, (cfg, params) = decode_golden.engine_run(preset, temperature,
                                                        **SMALL_POOL)
   decode_golden.assert_same_trajs(decode_golden.trajs_json(trajs),
-                                  GOLDEN[f"engine_{preset}_{temperature}"])
+                                  decode_golden.ENGINE_GOLDEN[
+                                      f"engine_{preset}_{temperature}"])
   m = eng.metrics
   assert m["preempted"] > 0 and m["recomputed_tokens"] > 0
   assert eng.device.peak_pages <= 32
