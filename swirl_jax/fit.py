@@ -33,11 +33,9 @@ place. `fit.num_layers_override` = n compiles stand-ins of n
 and n + 1 layers of the same width and extrapolates each figure linearly
 to the real depth (scanned layers make memory linear in depth); 0 compiles
 the real depth. The fake device count must be set before jax starts, so
-the job runs itself in a child process. That process never runs a
-program, so it compiles at XLA's lowest backend optimisation level: the
-level is LLVM's, after buffer assignment, and leaves every figure as it
-is (the 7B report on 8 H100s is the same line for line at 0 and the
-default) in two thirds of the time.
+the job runs itself in a child process. Nothing it compiles runs, so it
+compiles at XLA's lowest backend optimisation level
+(`fit_programs._compile`).
 """
 
 import json
@@ -70,7 +68,7 @@ def run(config, workdir: str) -> None:
     fh.write(config.to_json_best_effort())
   env = dict(os.environ, JAX_PLATFORMS="cpu", **{_CHILD_ENV: "1"})
   env["XLA_FLAGS"] = " ".join(filter(None, [
-      "--xla_backend_optimization_level=0", env.get("XLA_FLAGS", ""),
+      env.get("XLA_FLAGS", ""),
       f"--xla_force_host_platform_device_count={int(f.devices)}"]))
   proc = subprocess.run([sys.executable, "-m", "swirl_jax.fit", path],
                         env=env, check=False)
