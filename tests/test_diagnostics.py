@@ -104,7 +104,7 @@ def test_split_grad_norms_equal_a_direct_backward_on_each_side(tiny):
     b = batching.collate([trajs[i].token_sequence() for i in r], a)
     b = {k: np.asarray(v) for k, v in b.items()}
     f = lambda p: step_lib.policy_loss(p, cfg, loss_cfg, b)[0]
-    return float(optax.tree.norm(jax.grad(f)(params)))
+    return float(optax.tree.norm(jax.jit(jax.grad(f))(params)))
 
   v_rows, v_adv = grpo.void_rows(fig, g)
   assert got["grad_norm_void"] == pytest.approx(direct(v_rows, v_adv),
@@ -133,7 +133,7 @@ def test_split_grad_norms_with_tis_weigh_by_the_trainers_logprobs(tiny):
   b["old_logprobs"] = np.asarray(probe.logprobs(params, b))
   f = lambda p: step_lib.policy_loss(p, cfg, loss_cfg, b)[0]
   assert got["grad_norm_kept"] == pytest.approx(
-      float(optax.tree.norm(jax.grad(f)(params))), rel=1e-5)
+      float(optax.tree.norm(jax.jit(jax.grad(f))(params))), rel=1e-5)
   assert got["grad_norm_void"] > 0
 
 

@@ -15,6 +15,8 @@ from swirl_jax.models.config import ModelConfig
 from swirl_jax.training import lora
 from swirl_jax.training import step as step_lib
 
+import testutil
+
 # Every weight dim distinct from the others and from the activations'
 # (B * T = 16 rows), so a weight-shaped array in a jaxpr is recognisable.
 CFG = ModelConfig(family="qwen2", vocab_size=100, hidden_size=40,
@@ -67,17 +69,17 @@ def test_side_path_forward_equals_merged_weights():
   side = lora.side_params(base, adapters, lora_cfg)
   merged = lora.merge(base, adapters, lora_cfg)
   args = (batch["tokens"], None, batch["attention_mask"])
-  want, _ = decoder.forward(merged, CFG, *args)
-  got, _ = decoder.forward(side, CFG, *args)
-  plain, _ = decoder.forward(base, CFG, *args)
+  want, _ = testutil.forward(merged, CFG, *args)
+  got, _ = testutil.forward(side, CFG, *args)
+  plain, _ = testutil.forward(base, CFG, *args)
   assert float(jnp.abs(want - plain).max()) > 1e-3  # The adapters matter.
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   # The cached (sampling) path reads the side path too: a prefill of each
   # row into a page of its own.
   rows = paged.Rows(jnp.arange(B, dtype=jnp.int32)[:, None],
                     jnp.zeros(B, jnp.int32))
-  cached = lambda p: decoder.forward(p, CFG, batch["tokens"], rows=rows,
-                                     cache=paged.init(CFG, B, T))[0]
+  cached = lambda p: testutil.forward(p, CFG, batch["tokens"], rows=rows,
+                                      cache=paged.init(CFG, B, T))[0]
   np.testing.assert_allclose(cached(side), cached(merged), rtol=1e-5,
                              atol=1e-5)
 
@@ -85,8 +87,8 @@ def test_side_path_forward_equals_merged_weights():
 def test_side_path_loss_and_grads_equal_merged_weights():
   base, adapters, lora_cfg = _setup(1)
   batch = _batch(1)
-  grad = lambda side: jax.value_and_grad(_loss)(adapters, base, batch,
-                                                lora_cfg, side)
+  grad = lambda side: jax.jit(jax.value_and_grad(functools.partial(
+      _loss, lora_cfg=lora_cfg, side=side)))(adapters, base, batch)
   (l_side, g_side), (l_merged, g_merged) = grad(True), grad(False)
   np.testing.assert_allclose(l_side, l_merged, rtol=1e-6)
   norm = math.sqrt(sum(float(jnp.sum(g * g))
@@ -148,8 +150,8 @@ def test_grads_match_through_the_jitted_train_step():
   fn = functools.partial(step_lib.loss_and_grads, cfg=CFG, loss_cfg=LOSS_CFG,
                          lora_cfg=lora_cfg, micro_batches=1)
   loss, grads, _ = jax.jit(fn)(adapters, base, batch)
-  want_loss, want = jax.value_and_grad(_loss)(adapters, base, batch,
-                                              lora_cfg, False)
+  want_loss, want = jax.jit(jax.value_and_grad(functools.partial(
+      _loss, lora_cfg=lora_cfg, side=False)))(adapters, base, batch)
   np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
                                                        atol=1e-6),

@@ -84,13 +84,13 @@ def test_kv_cache_matches_full_forward():
       attn_logit_softcap=5.0, final_logit_softcap=3.0)
   params = decoder.init_params(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, cfg.vocab_size)
-  full, _ = decoder.forward(params, cfg, tokens)
+  full, _ = testutil.forward(params, cfg, tokens)
   cache = paged.init(cfg, pages=6, page_size=4)
   table = jnp.asarray([[3, 1, 5], [2, 4, 0]], jnp.int32)
-  a, cache = decoder.forward(params, cfg, tokens[:, :7], cache=cache,
-                             rows=paged.Rows(table[:, :2], jnp.zeros(2, int)))
-  b, cache = decoder.forward(params, cfg, tokens[:, 7:], cache=cache,
-                             rows=paged.Rows(table, jnp.full(2, 7)))
+  a, cache = testutil.forward(params, cfg, tokens[:, :7], cache=cache,
+                              rows=paged.Rows(table[:, :2], jnp.zeros(2, int)))
+  b, cache = testutil.forward(params, cfg, tokens[:, 7:], cache=cache,
+                              rows=paged.Rows(table, jnp.full(2, 7)))
   np.testing.assert_allclose(np.concatenate([a, b], 1), full, atol=1e-5)
   # Row 1's slots 8..10 went to page 0, its third.
   assert np.abs(np.asarray(cache["k"][0][:, 0, :3])).min() > 0
@@ -113,10 +113,9 @@ def test_query_blocks_match_one_block_with_gradients():
                                 jnp.asarray(mask))
     return jnp.sum(jnp.where(mask[..., None], logits * w, 0.0)), logits
 
-  (_, one), g_one = jax.value_and_grad(loss, has_aux=True)(
-      params, cfg.replace(attn_query_block=0))
-  (_, blk), g_blk = jax.value_and_grad(loss, has_aux=True)(
-      params, cfg.replace(attn_query_block=4))
+  grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  (_, one), g_one = grad(params, cfg.replace(attn_query_block=0))
+  (_, blk), g_blk = grad(params, cfg.replace(attn_query_block=4))
   np.testing.assert_allclose(np.asarray(blk)[mask], np.asarray(one)[mask],
                              atol=1e-5)
   for a, b in zip(jax.tree.leaves(g_blk), jax.tree.leaves(g_one)):
