@@ -220,7 +220,8 @@ def test_a_generator_fault_on_one_host_ends_every_host_in_seconds(tmp_path):
   address = f"127.0.0.1:{_free_port()}"
   env = testutil.cpu_env(
       JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
-      XLA_FLAGS="--xla_force_host_platform_device_count=4", FAULT_AT="2",
+      XLA_FLAGS="--xla_force_host_platform_device_count=4 "
+      + testutil.FAST_XLA_FLAGS, FAULT_AT="2",
       PYTHONPATH=str(WORKER.parents[1]), **testutil.jax_cache_env())
   procs = [subprocess.Popen(
       [sys.executable, str(WORKER), str(tmp_path / "work")],

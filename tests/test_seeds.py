@@ -58,7 +58,8 @@ def test_demo_over_two_seeds_through_main(tmp_path):
   args = (f"--config={ROOT / 'configs' / 'demo.py'}:smoke=True,seeds=2",
           f"--workdir={tmp_path}", "--config.stages=warmstart,eval",
           "--config.eval.policies=base")
-  out = testutil.run_main(*args, timeout=600, env=testutil.cpu_env())
+  out = testutil.run_main(*args, timeout=600, env=testutil.cpu_env(
+      XLA_FLAGS=testutil.FAST_XLA_FLAGS))
   rep = json.loads(out.stdout.strip().splitlines()[-1])
   assert rep == json.loads((tmp_path / "seeds.json").read_text())
   assert rep["seeds"] == 2 and set(rep["policies"]) == {"base"}

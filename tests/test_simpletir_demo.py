@@ -22,10 +22,13 @@ def demo_runs(tmp_path_factory):
   included: about two minutes."""
   root = tmp_path_factory.mktemp("demo")
   on, off = root / "on", root / "off"
-  _main("--config=configs/simpletir_demo.py:smoke", f"--workdir={on}")
+  # Nothing here pins a figure: compiled at XLA's lowest level.
+  env = testutil.cpu_env(XLA_FLAGS=testutil.FAST_XLA_FLAGS)
+  _main("--config=configs/simpletir_demo.py:smoke", f"--workdir={on}",
+        env=env)
   _main("--config=configs/simpletir_demo.py:smoke,filter_void=False,"
         f"warmstart_from={on}", f"--workdir={off}",
-        "--config.num_iterations=1")
+        "--config.num_iterations=1", env=env)
   return on, off
 
 
