@@ -36,14 +36,15 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # files fill in at the end, so both workers finish at about the same
 # time. Files not named keep pytest's order, after these.
 LONGEST_FIRST = (
-    "test_fit.py", "test_engine.py", "test_resume_simpletir.py",
-    "test_colabs.py", "test_learning.py", "test_multihost_swirl.py",
-    "test_simpletir.py", "test_pages.py", "test_resume.py",
-    "test_simpletir_demo.py", "test_swirl.py", "test_multihost_simpletir.py",
-    "test_multihost_exchange.py", "test_async_simpletir.py",
-    "test_sampler.py", "test_pipeline_faults.py", "test_train_step.py",
-    "test_seeds.py", "test_multihost.py", "test_engine_faults.py",
-    "test_demo.py",
+    "test_fit.py", "test_engine.py", "test_learning.py",
+    "test_resume_simpletir.py", "test_multihost_swirl.py", "test_pages.py",
+    "test_simpletir.py", "test_colabs.py", "test_sampler.py",
+    "test_multihost_simpletir.py", "test_commands.py", "test_swirl.py",
+    "test_resume.py", "test_train_step.py", "test_simpletir_demo.py",
+    "test_multihost_exchange.py", "test_pipeline_faults.py",
+    "test_models.py", "test_attention_impl.py", "test_async_simpletir.py",
+    "test_seeds.py", "test_diagnostics.py", "test_engine_faults.py",
+    "test_multihost.py", "test_demo.py",
 )
 
 
