@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -70,6 +71,39 @@ def pytest_configure(config):
   if cache:  # Before any compile: JAX decides once whether it caches.
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def _matmul_gflops() -> float:
+  """This machine's speed now: the best of 10 float32 1024 x 1024 matmuls
+  (numpy's BLAS, after one to warm it up), in GFLOP/s. A shared host's speed drifts (on the
+  development machine the same probe has read 25% apart on two runs of
+  one day), so the suite's time is printed beside it."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  a = np.random.default_rng(0).random((1024, 1024), np.float32)
+  a @ a  # pylint: disable=pointless-statement
+  best = float("inf")
+  for _ in range(10):
+    t = time.perf_counter()
+    a @ a  # pylint: disable=pointless-statement
+    best = min(best, time.perf_counter() - t)
+  return 2 * 1024 ** 3 / best / 1e9
+
+
+@pytest.hookimpl(tryfirst=True)  # Before xdist starts its workers.
+def pytest_sessionstart(session):
+  if not os.environ.get("PYTEST_XDIST_WORKER"):
+    session.config.stash[_SPEED] = _matmul_gflops()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  if _SPEED in config.stash:
+    terminalreporter.write_line(
+        f"machine speed: float32 matmul {config.stash[_SPEED]:.0f} GFLOP/s "
+        f"at the start, {_matmul_gflops():.0f} at the end "
+        "(numpy, 1024 x 1024, best of 10)")
+
+
+_SPEED = pytest.StashKey[float]()
 
 
 @contextlib.contextmanager
