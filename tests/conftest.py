@@ -73,11 +73,14 @@ def pytest_configure(config):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
+_SPEED = pytest.StashKey[float]()  # The speed at the session's start.
+
+
 def _matmul_gflops() -> float:
   """This machine's speed now: the best of 10 float32 1024 x 1024 matmuls
-  (numpy's BLAS, after one to warm it up), in GFLOP/s. A shared host's speed drifts (on the
-  development machine the same probe has read 25% apart on two runs of
-  one day), so the suite's time is printed beside it."""
+  (numpy's BLAS, after one to warm it up), in GFLOP/s. A shared host's
+  speed drifts (on the development machine an XLA matmul has timed 25%
+  apart within one day), so the suite's time is printed beside it."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   a = np.random.default_rng(0).random((1024, 1024), np.float32)
   a @ a  # pylint: disable=pointless-statement
@@ -102,8 +105,6 @@ def pytest_terminal_summary(terminalreporter, config):
         f"at the start, {_matmul_gflops():.0f} at the end "
         "(numpy, 1024 x 1024, best of 10)")
 
-
-_SPEED = pytest.StashKey[float]()
 
 
 @contextlib.contextmanager

@@ -20,8 +20,9 @@ import os
 import sys
 import threading
 
-# XLA's default optimisation: at its lowest the decode runs several
-# times slower than it compiles faster.
+# XLA's lowest backend level: this check counts which thread queues each
+# program and pins no figure, and compiles dominate it (25 s -> 18.5 s
+# for its test alone at 58dc193).
 os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 "
                            "--xla_backend_optimization_level=0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

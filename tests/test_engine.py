@@ -101,8 +101,9 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
   b = eng.run(tasks, samples_per_task=2)
   _same(a, b)
   if temperature == 0.0:
-    decode_golden.assert_same_trajs(decode_golden.trajs_json(b),
-                                    decode_golden.ENGINE_GOLDEN["engine_tiny_0.0"])
+    decode_golden.assert_same_trajs(
+        decode_golden.trajs_json(b),
+        decode_golden.ENGINE_GOLDEN["engine_tiny_0.0"])
     assert "preempted" not in eng.metrics
     assert eng.device.free() == (4, 4 * 16)
   assert any(len(t.turns) > 2 for t in b)
