@@ -36,4 +36,4 @@ def cache_programs(counts) -> collections.Counter:
   """The page pool's programs (sampling/pages.py) among `counts`."""
   return collections.Counter({k: v for k, v in counts.items()
                               if k in ("jit(init)", "jit(append)",
-                                       "jit(decode)")})
+                                       "jit(decode)", "jit(fork)")})

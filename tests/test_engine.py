@@ -92,7 +92,9 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
   frequent stop strings make false stops that continue the turn. Greedy,
   the rollout is also tests/test_pages.py's golden one (the slot cache's,
   decode_golden.engine_run('tiny', 0.0)): the same tokens, observations,
-  stop reasons and log-probs, no row preempted, every page back."""
+  stop reasons and log-probs, no row preempted, every page back. Seeded,
+  a task's two samples share its prompt's pages and sample as rows that
+  share nothing."""
   rc = turns.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
                            temperature=temperature, seed=5)
   ref, eng = _pair(tiny, calc_tools, rc, stops=("\n\n\n", "e"))
@@ -106,6 +108,14 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
         decode_golden.ENGINE_GOLDEN["engine_tiny_0.0"])
     assert "preempted" not in eng.metrics
     assert eng.device.free() == (4, 4 * 16)
+  else:  # A task's samples share its prompt's pages; rows that do not
+    # sample the same.
+    assert eng.metrics["forked_rows"] > 0
+    cfg, params, tok, _ = tiny
+    alone = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=1024,
+                                                    share_prompts=False))
+    _same(b, _pair((cfg, params, tok, alone), calc_tools, rc,
+                   stops=("\n\n\n", "e"))[1].run(tasks, samples_per_task=2))
   assert any(len(t.turns) > 2 for t in b)
   assert eng.metrics["false_stops"] > 0
   assert all(t.final_answer == "7" for t in b)
@@ -158,10 +168,9 @@ def test_fixed_programs_and_live_prefix(tiny, calc_tools):
 
 def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
   """With `precompile`, the first rollout compiles the whole fixed set
-  (appends: piece buckets x prefixes at the decode batch; decode: row
-  buckets x prefixes but none) before it starts, and no rollout compiles
-  more;
-  a prompt longer than a piece is appended in pieces, with the same
+  (appends: row buckets x piece buckets x prefixes; decode: row buckets x
+  prefixes but none; the fork) before it starts, and no rollout compiles
+  more; a prompt longer than a piece is appended in pieces, with the same
   tokens as the lock-step oracle's."""
   cfg, params, tok, _ = tiny
   sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=512))
@@ -172,22 +181,23 @@ def test_precompiled_programs_are_all_a_rollout_calls(tiny, calc_tools):
                                check_invariants=True)
   ref, eng = _pair((cfg, params, tok, sampler), calc_tools, rc, engine=ec)
   tasks = synthetic.arithmetic_tasks(3, seed=8)
-  want = ref.run(tasks)
   with compile_events.counting() as compiles:
-    _same(want, eng.run(tasks))
+    got = eng.run(tasks)
+  _same(ref.run(tasks), got)
   dev = eng.device
-  # Pieces of 16 or 32 tokens, each at the prefixes (pages of 64 tokens)
-  # a program of that many new tokens may read; 1 or 2 decode rows at a
-  # chunk's prefixes but none (the oracle's pool of as many rows has been
-  # allocated already).
+  # 1 or 2 rows: pieces of 16 or 32 tokens, each at the prefixes (pages of
+  # 64 tokens) a program of that many new tokens may read; decode at a
+  # chunk's prefixes but none. (The pool's `init` may be compiled already.)
   assert dev.pieces() == [16, 32]
   prefixes = {T: dev.prefixes(T) for T in (16, 32, 4)}
   assert prefixes == {T: [0, 4, 6, 8] for T in (16, 32, 4)}
+  compiles.pop("jit(init)", None)
   assert compile_events.cache_programs(compiles) == {
-      "jit(append)": len(prefixes[16]) + len(prefixes[32]),
+      "jit(fork)": 1,
+      "jit(append)": 2 * (len(prefixes[16]) + len(prefixes[32])),
       "jit(decode)": (len(prefixes[4]) - 1) * 2}
   assert max(k[2] for k in eng.shapes if k[0] == "append") == 32
-  assert min(len(t.prompt_ids) for t in want) > 32
+  assert min(len(t.prompt_ids) for t in got) > 32
   eng.config = dataclasses.replace(rc, seed=11)
   with compile_events.counting() as compiles:
     eng.run(synthetic.arithmetic_tasks(3, seed=9))

@@ -185,7 +185,10 @@ def tok():
 
 
 def _tasks(n):
-  return [Task(f"t{i}", "1+1?", ("2",), "synthetic_arith") for i in range(n)]
+  """Prompts of one length that differ (rows with one prompt would share
+  its pages, and the pool's arithmetic here is each row's own)."""
+  return [Task(f"t{i}", f"{i}+1?", (str(i + 1),), "synthetic_arith")
+          for i in range(n)]
 
 
 def _row(traj_id: str) -> int:

@@ -9,6 +9,7 @@ chunks included; the Pallas kernels (in their interpreters) and every
 decode path against the reference; one program for any rows of a
 bucket."""
 
+import dataclasses
 import json
 
 import jax
@@ -54,9 +55,14 @@ def test_engine_equals_the_slot_cache(preset, temperature):
   """The engine's rollouts (6 rows, 4 in flight, calculator calls, false
   stops) token for token, with a pool too small for every row: rows are
   preempted and recomputed, and the behaviour log-probs still equal a
-  teacher-forced pass's. Every page comes back when the rollout ends."""
-  trajs, eng, (cfg, params) = decode_golden.engine_run(preset, temperature,
-                                                       **SMALL_POOL)
+  teacher-forced pass's. Every page comes back when the rollout ends.
+  Rows share no prompt pages here: a task's two samples sharing theirs
+  leave the pool roomy enough that whether a row is preempted turns on
+  when the tools return (test_rows_with_one_prompt_share_its_pages
+  preempts shared rows; tests/test_engine.py runs the engine sharing)."""
+  trajs, eng, (cfg, params) = decode_golden.engine_run(
+      preset, temperature, engine_kw=SMALL_POOL["engine_kw"],
+      sampler_kw=dict(SMALL_POOL["sampler_kw"], share_prompts=False))
   decode_golden.assert_same_trajs(decode_golden.trajs_json(trajs),
                                   decode_golden.ENGINE_GOLDEN[
                                       f"engine_{preset}_{temperature}"])
@@ -145,6 +151,68 @@ def test_a_preempted_row_continues_as_if_never_preempted(tiny):
   assert want[1][2][-1] == "stop" and len(want[1][0]) > 5
   for (_, a, _), (_, b, _) in zip(got, want):
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_rows_with_one_prompt_share_its_pages(tiny):
+  """Three samples of each of two prompts (37 tokens: two full 16-slot
+  pages and a partial one; 32: two full pages): one prefill a prompt, the
+  others share its full pages and copy the partial one. Seeded chunks,
+  with a leader and a follower preempted between them, give the tokens
+  and log-probs of rows that share nothing; no row writes a page another
+  holds; every page comes back."""
+  cfg, params, table, config = tiny
+  base = [np.random.RandomState(i).randint(0, 256, n).tolist()
+          for i, n in enumerate([37, 32])]
+  prompts = [base[0]] * 3 + [base[1]] * 3
+
+  def run(share, preempt=()):
+    s = Sampler(params, cfg, config=dataclasses.replace(
+        config, share_prompts=share), token_bytes=table)
+    dev = s.device(4, 5, 32)
+    dev.open(6, 6)
+    rows = _rows(prompts, 30)
+    dev.append(rows, fresh=True)
+    held = dev.held()
+    for r in rows:
+      r.length = len(r.obs)
+    out = _chunks(dev, rows, 4, (), preempt)
+    counts = dict(dev.counts, held_after_prefill=held)
+    for r in rows:
+      dev.release(r)
+    assert dev.free() == (6, dev.size()[1]) and dev.held() == 0
+    dev.close()
+    return out, counts
+
+  want, alone = run(False)
+  got, shared = run(True, ([0, 4], [], [1]))
+  assert [t for t, _, _ in got] == [t for t, _, _ in want]
+  for (_, a, _), (_, b, _) in zip(got, want):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert alone["prefill_tokens"] == 3 * (37 + 32)
+  assert shared["prefill_tokens"] == 37 + 32
+  assert shared["forked_rows"] == 4 and shared["shared_pages"] == 4 * 2
+  # 3 + 2 pages the leaders, a partial page each of the two followers of
+  # the 37-token prompt.
+  assert alone["held_after_prefill"] == 15
+  assert shared["held_after_prefill"] == 7
+
+
+def test_a_shared_page_is_never_written(tiny):
+  """A decode that would write into a page another row holds raises
+  before it runs."""
+  cfg, params, table, config = tiny
+  s = Sampler(params, cfg, config=config, token_bytes=table)
+  dev = s.device(4, 5, 32)
+  dev.open(2, 2)
+  rows = _rows([list(range(40))] * 2, 10)
+  dev.append(rows, fresh=True)
+  assert rows[0].seat.pages[:2] == rows[1].seat.pages[:2]
+  assert rows[0].seat.pages[2] != rows[1].seat.pages[2]
+  rows[1].seat.pages[2] = rows[0].seat.pages[2]  # A bookkeeping bug.
+  dev._refs[rows[0].seat.pages[2]] += 1  # pylint: disable=protected-access
+  with pytest.raises(RuntimeError, match="shares with another row"):
+    dev.decode(rows, [Draw(0)] * 2, ())
+  dev.close()
 
 
 def test_one_program_serves_any_rows(tiny):
@@ -252,6 +320,7 @@ def test_pool_sizes_are_checked(tiny):
 
 _DATA_GROUPS_RESERVE = """
 import json
+import numpy as np
 from swirl_jax.sampling import pages
 from swirl_jax.sampling.device import PlainRow
 
@@ -259,6 +328,8 @@ def group(g):
   dev = pages.PagedDevice.__new__(pages.PagedDevice)
   dev.group, dev.limit, dev.page, dev._P, dev.peak_pages = g, 64, 16, 8, 0
   dev._free_entries, dev._free_pages = [1, 0], list(range(8))[::-1]
+  dev._refs, dev.share = np.zeros(8, np.int32), False
+  dev._leaders, dev._follows = {}, {}
   return dev
 
 groups = pages.DataGroups.__new__(pages.DataGroups)

@@ -172,6 +172,7 @@ class RolloutEngine(turns.Schedule):
       self._preempted.clear()
       self.device.close()
     self._stats["not_started"] = len(rows) - len(s.started)
+    self._stats.update(getattr(self.device, "counts", {}))
     self.metrics = turns.rollout_metrics(s.started, self._stats, t0)
     return [r.traj for r in sorted(s.started, key=lambda r: r.index)]
 
@@ -241,7 +242,8 @@ class RolloutEngine(turns.Schedule):
     (entries, pages), (free_e, free_p) = size(), self.device.free()
     seats = [r.seat for r in s.live if r.seat is not None]
     held_e = sum(t.entry >= 0 for t in seats)
-    held_p = sum(len(t.pages) for t in seats)
+    # Rows with one prompt share its pages: each page counts once.
+    held_p = len({(t.group, p) for t in seats for p in t.pages})
     if free_e + held_e != entries or free_p + held_p != pages:
       raise RuntimeError(
           f"pages lost: {free_p} free + {held_p} held by live rows != "

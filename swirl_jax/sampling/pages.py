@@ -22,7 +22,19 @@ bucket; a program reads a bucket of its rows' prefix pages
 and keeps the pages: which are free, each row's `device.Seat`. When the
 pool runs short its caller preempts rows: their pages are freed and their
 tokens kept, and the next program a preempted row is in first recomputes
-its cache from its tokens (a prefill). `DataGroups` runs one per data
+its cache from its tokens (a prefill).
+
+Rows with one prompt (a group's samples, the judge's prompts of one
+trajectory) prefill it once (`SamplerConfig.share_prompts`). The first row
+reserved for a prompt leads it; a row with the same prompt reserved before
+the leader's prefill shares the prompt's full pages (a page holds a count
+of the rows that hold it, and is free when none does) and takes pages of
+its own for the rest. After the leader's prefill, the `fork` program
+copies into each follower the leader's logits, stop-string state and the
+prompt's last, partial page: the first page a follower writes. Rows only
+write past their tokens, so a full shared page is never written again
+(`_row_args` checks it); a preempted follower lets go of its shares and
+is recomputed into pages of its own. `DataGroups` runs one per data
 group of a decode mesh. `Sampler.generate` and the rollout engine both
 decode with them.
 
@@ -125,6 +137,25 @@ def decode(params, dev, rows_R, pages_RN, start_R, draws_R, max_new_R,
   return dev, out.tokens_BN, out.logprobs_BN, out.num_B, out.reason_B
 
 
+@functools.partial(jax.jit, static_argnames=("layout",), donate_argnums=(1,))
+def fork(params, dev, src_F, dst_F, src_page_F, dst_page_F, *,
+         layout: Layout):
+  """Rows `dst_F` take the state rows `src_F` have after a prefill of the
+  same prompt: their next-token logits and stop-string states, and a copy
+  of page `src_page_F` (the prompt's last, partial page) into their own
+  page `dst_page_F`; the full pages before it they share, untouched.
+  Padding rows copy into the scratch entry and to page P (out of range:
+  dropped). Returns (dev,)."""
+  del params, layout  # One calling convention with the other programs.
+  pool, logits_MV, stop_M = dev
+  copy = lambda xs: tuple(x.at[:, dst_page_F].set(x[:, src_page_F],
+                                                  mode="drop") for x in xs)
+  pool = paged.constrain_pool(dict(pool, k=copy(pool["k"]),
+                                   v=copy(pool["v"])))
+  return ((pool, logits_MV.at[dst_F].set(logits_MV[src_F]),
+           stop_M.at[dst_F].set(stop_M[src_F])),)
+
+
 def _draw_arrays(draws, n: int):
   """Per-row draw arrays, padded to `n` rows (padding: greedy, seed 0)."""
   pad = list(draws) + [Draw(0)] * (n - len(draws))
@@ -141,7 +172,8 @@ class PagedDevice:
   A row holds at most `limit` tokens, in pages of `SamplerConfig.page_size`
   slots. Appends go in pieces of at most `append_tokens` tokens (a long
   prompt or observation takes several calls), so the append programs are
-  one per (piece bucket, prefix bucket), not one per prompt length.
+  one per (row bucket, piece bucket, prefix bucket), not one per prompt
+  length.
   `group`: the data group this device is (`Seat.group` of its rows).
   """
 
@@ -165,7 +197,17 @@ class PagedDevice:
     self._dev, self._params, self._M, self._P = None, None, 0, 0
     self._free_entries: list[int] = []
     self._free_pages: list[int] = []
+    self._refs = np.zeros(0, np.int32)  # Rows holding each page.
+    self.share = self.config.share_prompts
+    # Prompt -> the row reserved to prefill it, until it does: rows with
+    # the same prompt reserved meanwhile share its full pages and fork
+    # from it (`_shareable`, `append`).
+    self._leaders: dict[tuple, object] = {}
+    self._follows: dict[int, tuple] = {}  # id(row) -> (row, its leader).
     self.peak_pages = 0  # Most pages held at once since `open`.
+    # Since `open`: prompt tokens computed and rows forked from another's
+    # prefill (`counts`), pages held when the first decode began.
+    self.counts = collections.Counter()
     self._precompiled = set()  # (entries, pages, stop strings) compiled.
 
   def open(self, num_rows: int, max_rows: int, pages: int = 0) -> int:
@@ -184,7 +226,10 @@ class PagedDevice:
                        page_size=self.page)
     self._free_entries = list(range(self._M))[::-1]  # pop() takes 0 first.
     self._free_pages = list(range(self._P))[::-1]
+    self._refs = np.zeros(self._P, np.int32)
+    self._leaders, self._follows = {}, {}
     self.shapes, self.peak_pages = collections.Counter(), 0
+    self.counts = collections.Counter()
     return self._M
 
   def close(self) -> None:
@@ -203,16 +248,31 @@ class PagedDevice:
 
   # -- seats and pages --
 
-  def need(self, row, more: int) -> tuple[int, int]:
+  def need(self, row, more: int, leaders=None) -> tuple[int, int]:
     """(entries, pages) `row` lacks to hold `more` tokens past its own,
-    within `limit` (all of its tokens when it is preempted)."""
+    within `limit` (all of its tokens when it is preempted; less the
+    pages it would share when it is new and another row is reserved to
+    prefill its prompt: `leaders`, default those reserved so far)."""
     seat = row.seat
     held = len(seat.tokens) if seat is not None else 0
     total = min(held + more, self.limit)
     seated = seat is not None and seat.entry >= 0
+    have = len(seat.pages) if seated else self._shareable(row, leaders)[1]
     return (0 if seated else 1,
-            max(0, paged.pages_for(total, self.page)
-                - (len(seat.pages) if seated else 0)))
+            max(0, paged.pages_for(total, self.page) - have))
+
+  def _shareable(self, row, leaders=None) -> tuple[object, int]:
+    """(leader, pages): the row reserved to prefill a new row's prompt,
+    and the prompt's full pages the new row would share with it (the
+    last, partial page it copies: rows only write past their tokens, so
+    a full page is never written again). (None, 0) when there is none."""
+    leaders = self._leaders if leaders is None else leaders
+    if not self.share or row.seat is not None or not row.obs:
+      return None, 0
+    leader = leaders.get(tuple(row.obs))
+    if leader is None or leader is row:
+      return None, 0
+    return leader, len(row.obs) // self.page
 
   def free(self) -> tuple[int, int]:
     """(entries, pages) free."""
@@ -223,19 +283,58 @@ class PagedDevice:
     return self._M, self._P
 
   def reserve(self, rows, more) -> bool:
-    needs = [self.need(r, m) for r, m in zip(rows, more)]
+    # On paper first (all or nothing), a new row's prompt leading the
+    # rows after it with the same prompt.
+    leaders, plan = dict(self._leaders), []
+    for r, m in zip(rows, more):
+      plan.append((self.need(r, m, leaders), self._shareable(r, leaders)))
+      if self.share and r.seat is None and r.obs and plan[-1][1][0] is None:
+        leaders[tuple(r.obs)] = r
     entries, pages = self.free()
-    if sum(e for e, _ in needs) > entries or sum(p for _, p in needs) > pages:
+    if (sum(e for (e, _), _ in plan) > entries
+        or sum(p for (_, p), _ in plan) > pages):
       return False
-    for r, (e, p) in zip(rows, needs):
+    for r, ((e, p), (leader, k)) in zip(rows, plan):
       if r.seat is None:
         r.seat = Seat(self.group)
+        if leader is not None:
+          r.seat.pages = list(leader.seat.pages[:k])
+          self._refs[r.seat.pages] += 1
+          self._follows[id(r)] = (r, leader)
+        elif self.share and r.obs:
+          self._leaders[tuple(r.obs)] = r
       if e:
         r.seat.entry = self._free_entries.pop()
         r.seat.in_pool = not r.seat.tokens
-      r.seat.pages += [self._free_pages.pop() for _ in range(p)]
+      r.seat.pages += self._grab(p)
     self.peak_pages = max(self.peak_pages, self._P - len(self._free_pages))
     return True
+
+  def _grab(self, n: int) -> list[int]:
+    pages = [self._free_pages.pop() for _ in range(n)]
+    self._refs[pages] = 1
+    return pages
+
+  def _give(self, seat) -> None:
+    """Lets go of the seat's pages: each is free once no row holds it."""
+    for p in seat.pages[::-1]:
+      self._refs[p] -= 1
+      if self._refs[p] == 0:
+        self._free_pages.append(p)
+      elif self._refs[p] < 0:
+        raise RuntimeError(f"page {p} let go of more often than held")
+    seat.pages = []
+
+  def _forget(self, row) -> None:
+    """Drops the row from the sharing tables (it ends or loses its
+    pages before its prompt's prefill)."""
+    self._follows.pop(id(row), None)
+    if row.obs and self._leaders.get(tuple(row.obs)) is row:
+      del self._leaders[tuple(row.obs)]
+
+  def held(self) -> int:
+    """Distinct pages rows hold (a shared page once)."""
+    return self._P - len(self._free_pages)
 
   def _take(self, rows, more) -> None:
     if not self.reserve(rows, more):
@@ -253,14 +352,15 @@ class PagedDevice:
         seat.stop = int(self._dev[2][seat.entry])
       self._free_entries.append(seat.entry)
       seat.entry = -1
-    self._free_pages += seat.pages[::-1]
-    seat.pages = []
+    self._forget(row)
+    self._give(seat)
 
   def release(self, row) -> None:
     if row.seat is not None:
       if row.seat.entry >= 0:
         self._free_entries.append(row.seat.entry)
-      self._free_pages += row.seat.pages[::-1]
+      self._forget(row)
+      self._give(row.seat)
       row.seat = None
 
   def _restore(self, rows) -> None:
@@ -279,11 +379,62 @@ class PagedDevice:
     if fresh:  # Whatever a row held is gone.
       for r in rows:
         if r.seat is not None and r.seat.tokens:
-          self._free_pages += r.seat.pages[::-1]
-          r.seat.pages, r.seat.tokens, r.seat.in_pool = [], [], True
+          self._give(r.seat)
+          r.seat.tokens, r.seat.in_pool = [], True
     self._take(rows, [len(r.obs) for r in rows])
     self._restore(rows)
-    self._feed(rows, [r.obs for r in rows], [0] * len(rows))
+    forks = self._forks(rows) if fresh else []
+    feed = [r for r in rows if id(r) not in {id(f) for f, _ in forks}]
+    self._feed(feed, [r.obs for r in feed], [0] * len(feed))
+    if fresh:
+      self.counts["prefill_tokens"] += sum(len(r.obs) for r in feed)
+      for r in feed:
+        self._forget(r)
+      self._fork(forks)
+
+  def _forks(self, rows) -> list[tuple]:
+    """(row, leader) of the rows of a prefill that fork from a leader
+    prefilled in it. A row whose leader is not in it (nothing here does
+    that) takes pages of its own for the prompt and prefills it."""
+    here, forks = {id(r) for r in rows}, []
+    for r in rows:
+      _, leader = self._follows.pop(id(r), (None, None))
+      if leader is None:
+        continue
+      if id(leader) in here:
+        forks.append((r, leader))
+        continue
+      shared = len(r.obs) // self.page
+      own = r.seat.pages[shared:]
+      r.seat.pages = r.seat.pages[:shared]
+      self._give(r.seat)
+      if len(self._free_pages) < shared:
+        raise RuntimeError(
+            f"a row whose prompt's leader left needs {shared} pages of its "
+            f"own; {len(self._free_pages)} are free")
+      r.seat.pages = self._grab(shared) + own
+    return forks
+
+  def _fork(self, forks) -> None:
+    """Each row takes its leader's state after the prompt (`fork`), in
+    calls of a decode batch of rows."""
+    A = self.decode_batch
+    for lo in range(0, len(forks), A):
+      part = forks[lo:lo + A]
+      src, dst = [], []
+      for r, leader in part:
+        k = len(r.obs) // self.page
+        partial = len(r.obs) % self.page > 0
+        src.append(leader.seat.pages[k] if partial else 0)
+        dst.append(r.seat.pages[k] if partial else self._P)
+        r.seat.tokens, r.seat.in_pool = list(r.obs), True
+        self.counts["forked_rows"] += 1
+        self.counts["shared_pages"] += k
+      self.shapes["fork", A] += 1
+      self._call(fork, (
+          self._padded([l.seat.entry for _, l in part], A, self._M),
+          self._padded([r.seat.entry for r, _ in part], A, self._M),
+          self._padded(src, A, 0), self._padded(dst, A, self._P)))
 
   def _feed(self, rows, seqs, stops) -> None:
     """Appends seqs[i] to rows[i]: decode-batch groups, in pieces."""
@@ -311,7 +462,9 @@ class PagedDevice:
   def _append(self, rows, pieces, stops) -> None:
     T = self._piece_len(max(len(p) for p in pieces))
     n = self._prefix_pages(max(len(r.seat.tokens) for r in rows), T)
-    A = self.decode_batch  # Rows: one shape, padded with the scratch entry.
+    # Rows: a batch bucket (padded with the scratch entry), so a lone
+    # observation or a group's one prompt computes one row, not a batch.
+    A = min(bucket(len(rows), self.config.batch_buckets), self.decode_batch)
     self.shapes["append", A, T, n] += 1
     tokens, mask = np.zeros((A, T), np.int32), np.zeros((A, T), bool)
     for i, p in enumerate(pieces):
@@ -332,6 +485,13 @@ class PagedDevice:
     for i, r in enumerate(rows):
       own = r.seat.pages[:width]
       table[i, :len(own)] = own
+      # A program writes a row's pages from its next slot on: never a page
+      # another row holds too, but for a prompt's leader filling the
+      # pages its followers will read.
+      if (self._refs[r.seat.pages[len(r.seat.tokens) // self.page:]] != 1
+          ).any() and self._leaders.get(tuple(r.obs or ())) is not r:
+        raise RuntimeError(f"row {r.index} would write into a page it "
+                           "shares with another row")
     return (self._padded([r.seat.entry for r in rows], n, self._M), table,
             self._padded([len(r.seat.tokens) for r in rows], n, 0))
 
@@ -362,6 +522,8 @@ class PagedDevice:
     max_new = [self.chunk_tokens(r) for r in rows]
     self._take(rows, max_new)
     self._restore(rows)
+    if "first_decode_pages" not in self.counts:
+      self.counts["first_decode_pages"] = self.held()
     R = bucket(len(rows), self.config.batch_buckets)
     n = self._prefix_pages(max(len(r.seat.tokens) for r in rows),
                            self.steps)
@@ -405,23 +567,28 @@ class PagedDevice:
 
   def _programs(self, M: int, stop_strings, full: bool = False):
     """(program, args, static) of every call shape a run can make, on the
-    scratch entry (M) only: appends of each piece bucket and decode chunks
-    of each row bucket up to the decode batch, at each prefix they may
-    read (`full`: only the whole context's)."""
+    scratch entry (M) only: appends of each piece bucket and decode chunks,
+    each of each row bucket up to the decode batch, at each prefix they
+    may read (`full`: only the whole context's), and the fork."""
     A, page = self.decode_batch, self.page
     pad = lambda n, width: (np.full(n, M, np.int32),
                             np.zeros((n, width), np.int32),
                             np.zeros(n, np.int32))
     at = lambda new: [self.row_pages] if full else self.prefixes(new)
+    rows = buckets_upto(A, self.config.batch_buckets)
     for T in self.pieces():
       for n in at(T):
-        yield append, pad(A, n + paged.pages_for(T, page)) + (
-            np.zeros(A, np.int32), np.zeros((A, T), np.int32),
-            np.zeros((A, T), bool)), {}
+        for R in rows:
+          yield append, pad(R, n + paged.pages_for(T, page)) + (
+              np.zeros(R, np.int32), np.zeros((R, T), np.int32),
+              np.zeros((R, T), bool)), {}
+    if self.share:
+      yield fork, (np.full(A, M, np.int32), np.full(A, M, np.int32),
+                   np.zeros(A, np.int32), np.full(A, self._P, np.int32)), {}
     for n in at(self.steps):
       if n == 0:  # A decoding row holds a token at least.
         continue
-      for R in buckets_upto(A, self.config.batch_buckets):
+      for R in rows:
         width = n + paged.pages_for(self.steps, page)
         yield decode, pad(R, width) + (
             _draw_arrays([], R), np.zeros(R, np.int32),
@@ -462,8 +629,10 @@ class PagedDevice:
     T, R = self._piece_len(self.append_tokens), self.decode_batch
     for program, args, static in self._programs(rows, stop_strings,
                                                 full=True):
-      if (args[-1].shape[1] == T if program is append
-          else args[0].shape[0] == R):
+      if program is fork:  # In place: nothing to fit.
+        continue
+      if args[0].shape[0] == R and (program is not append
+                                    or args[-1].shape[1] == T):
         out[program.__name__] = Lowerable(
             program, (params, dev) + jax.tree.map(whole, args),
             dict(static, layout=lay), lay)
@@ -498,6 +667,13 @@ class DataGroups:
   @property
   def shapes(self) -> collections.Counter:
     return sum((g.shapes for g in self.groups), collections.Counter())
+
+  @property
+  def counts(self) -> collections.Counter:
+    return sum((g.counts for g in self.groups), collections.Counter())
+
+  def held(self) -> int:
+    return sum(g.held() for g in self.groups)
 
   def _split(self, rows):
     by = [[] for _ in self.groups]
@@ -536,11 +712,15 @@ class DataGroups:
         g = r.seat.group
         e, p = self.groups[g].need(r, m)
       else:
-        e, p = self.groups[0].need(r, m)
-        fits = [g for g, (fe, fp) in enumerate(free) if fe >= 1 and fp >= p]
+        # The group with the most pages free after it (one that shares
+        # its prompt needs fewer).
+        p_g = [g.need(r, m)[1] for g in self.groups]
+        fits = [g for g, (fe, fp) in enumerate(free)
+                if fe >= 1 and fp >= p_g[g]]
         if not fits:
           return False
-        g = max(fits, key=lambda g: (free[g][1], -g))
+        g = max(fits, key=lambda g: (free[g][1] - p_g[g], -g))
+        e, p = 1, p_g[g]
       free[g][0] -= e
       free[g][1] -= p
       if free[g][0] < 0 or free[g][1] < 0:

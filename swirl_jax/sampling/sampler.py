@@ -65,6 +65,9 @@ class SamplerConfig(config_lib.FromConfig):
   # when the Sampler is given a mesh.
   tensor_parallel: int = 1
   data_parallel: int = 1
+  # Rows with the same prompt (a group's samples) prefill it once and
+  # share its full pages; each copies the last, partial one (pages.py).
+  share_prompts: bool = True
   # Rows of one `generate` call where a job samples many prompts at once
   # (SWiRL stage 2 goes in calls of at most this many); 0: all at once.
   max_rows: int = 0
