@@ -88,7 +88,8 @@ def measure(config) -> dict:
   n = int(f.num_layers_override)
   n = n if n < setup.model_cfg.num_layers else 0  # Else: the real depth.
   lengths, source = fit_programs.live_lengths(config, setup.cache_len)
-  cap = fit_programs.capacity(setup, figs, limit, lengths)
+  cap = fit_programs.capacity(setup, figs, limit, lengths,
+                              *fit_programs.prompt_groups(config))
   return dict(job="fit", chip=chip.name, devices=int(f.devices),
               capacity=dict(cap, lengths=source),
               train_peak_gib=round(train_peak, 2),
@@ -144,11 +145,15 @@ def print_report(r: dict) -> None:
           f"{c[name]['kv_gib_group']} GiB of K/V a group")
   print(f"    pages hold {c['rows_ratio']}x the rows: engine.slots="
         f"{c['pages']['rows']}, engine.pages={c['pages']['pool_pages']}")
+  s = c["shared"]
+  print(f"    pages, each prompt's {s['prompt_pages']} full pages held once "
+        f"by its group of {s['group']}: {s['rows']} rows in flight, "
+        f"{s['kv_gib_group']} GiB of K/V a group")
   keys = ("job", "chip", "devices", "train_peak_gib", "sampler_peak_gib",
           "hbm_gib", "fits")
   line = {k: r[k] for k in keys}
   line.update(rows_slots=c["slots"]["rows"], rows_pages=c["pages"]["rows"],
-              rows_ratio=c["rows_ratio"])
+              rows_ratio=c["rows_ratio"], rows_shared=c["shared"]["rows"])
   print(json.dumps(line), flush=True)
 
 

@@ -354,15 +354,29 @@ def live_lengths(config, cache_len: int) -> tuple[list[int], str]:
   return [mean], f"rows of {mean} tokens ({frac:g} of the cache)"
 
 
+def prompt_groups(config) -> tuple[int, list[int]]:
+  """(rows a prompt, prompt lengths) for `capacity`'s shared pages: a
+  GRPO group's samples (`grpo.group_size`, else 1), with the prompts of
+  `fit.rollouts`, or else of `fit.prompt_len` tokens."""
+  group = int(config.get("grpo", {}).get("group_size", 1))
+  path = config.fit.get("rollouts", "")
+  if path:
+    return group, [len(t.prompt_ids) for t in
+                   jsonl.read(path, Trajectory.from_dict)]
+  return group, [int(config.fit.prompt_len)]
+
+
 def capacity(setup: Setup, figs: dict, limit_gib: float,
-             lengths) -> dict:
+             lengths, samples: int = 1, prompts=()) -> dict:
   """Rows in flight a data group holds within `limit_gib` a device, and
   the K/V they hold (GiB a device, and a group: `tensor_parallel` devices
   share each token's heads), for rows of context `lengths` (their mean
   row): contiguous slots (every row `cache_len` + 1 slots, the cache
-  before pages) against pages (every row the pages of its context). What
-  is not rows' K/V and tables is fixed: the train state, and the engine's
-  largest program without its pool and tables (weights, temporaries)."""
+  before pages) against pages (every row the pages of its context), and
+  pages `shared` by `samples` rows of one prompt (of the `prompts` lengths:
+  its full pages held once). What is not rows' K/V and tables is fixed:
+  the train state, and the engine's largest program without its pool and
+  tables (weights, temporaries)."""
   kv, page = figs["kv"], setup.sampler.page_size
   engine = max(figs[k]["peak"] for k in ("append", "decode_chunk"))
   fixed = figs["state"]["args"] + engine - kv["pool"] - kv["tables"]
@@ -379,8 +393,13 @@ def capacity(setup: Setup, figs: dict, limit_gib: float,
 
   slots, pages = held(setup.cache_len + 1), held(mean_pages * page)
   pages["pool_pages"] = int((free - pages["rows"] * row) // (page * tok))
+  full = float(np.mean([n // page for n in prompts] or [0]))
+  shared = held((mean_pages - min(full, mean_pages) * (samples - 1)
+                 / samples) * page)
+  shared.update(group=samples, prompt_pages=round(full, 2))
   return dict(mean_live_tokens=round(float(np.mean(lengths)), 1),
               page_size=page, mean_pages=round(mean_pages, 2),
+              shared=shared,
               kv_bytes_per_token=int(tok), fixed_gib=round(fixed, 2),
               free_gib=round(free / GIB, 2), slots=slots, pages=pages,
               rows_ratio=round(pages["rows"] / max(slots["rows"], 1), 2))

@@ -47,6 +47,10 @@ def test_simpletir_7b_fits_8_h100(capfd, monkeypatch, tmp_path):
   assert r["rows_ratio"] >= 3 and r["rows_pages"] >= 3 * r["rows_slots"]
   assert r["rows_slots"] > 0, out
   assert "rows of 4608 tokens (0.25 of the cache)" in out
+  # A group's 16 rows share their 1,024-token prompt's 16 pages: 57 pages
+  # a row, not 72.
+  assert r["rows_shared"] > 1.2 * r["rows_pages"], out
+  assert "16.0 full pages held once by its group of 16" in out
 
 
 def test_simpletir_7b_does_not_fit_4_v5e(capfd, monkeypatch, tmp_path):
@@ -253,6 +257,12 @@ def test_capacity_counts_rows_of_slots_and_of_pages():
   row = 7 / 3 * 64 * kv["token_bytes"] + kv["row_bytes"]
   assert cap["pages"]["rows"] == int(free // row) > cap["slots"]["rows"]
   assert cap["mean_pages"] == pytest.approx(7 / 3, abs=0.01)
+  # Groups of 4 rows sharing prompts of 2 full pages: 3 of 4 rows hold
+  # none of theirs.
+  shared = fit_programs.capacity(setup, figs, limit, lengths, 4, [130, 140])
+  row = (7 / 3 - 2 * 3 / 4) * 64 * kv["token_bytes"] + kv["row_bytes"]
+  assert shared["shared"]["rows"] == int(free // row) > cap["pages"]["rows"]
+  assert fit_programs.prompt_groups(c) == (1, [c.fit.prompt_len])
   # A mean share of the cache, or a rollouts file's contexts.
   assert fit_programs.live_lengths(c, 1000) == (
       [250], "rows of 250 tokens (0.25 of the cache)")

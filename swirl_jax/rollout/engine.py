@@ -18,7 +18,9 @@ A row holds pages for the tokens it has, not for the longest context it
 could reach, so a pool (`pages`) far smaller than `slots` full-length
 rows holds them all while most are short. A row is admitted when an entry
 and the pages for its prompt and a decode chunk are free (and no
-preempted row waits). When the pool runs out mid-run, the rows that need
+preempted row waits); the samples of a task admitted together prefill its
+prompt once and share its pages (`SamplerConfig.share_prompts`: only the
+first takes the prompt's full pages). When the pool runs out mid-run, the rows that need
 pages are served oldest first, and each takes them from the youngest rows,
 those in a tool call last (preemption by recompute, as vLLM's): a
 preempted row's pages are freed, its tokens kept, and its next program
