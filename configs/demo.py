@@ -40,8 +40,7 @@ another first_seed extends it):
 
 import os
 
-from swirl_jax import config_lib
-from swirl_jax import warmstart
+from swirl_jax import config_blocks, config_lib
 
 
 def get_config(arg=None):
@@ -53,7 +52,7 @@ def get_config(arg=None):
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
   c.stages = ("warmstart", "stage1", "filter", "rl", "eval", "report")
   c.data.update(train="synthetic_chain", eval="synthetic_chain")
-  w = c.warmstart = warmstart.cpu_demo_config("swirl", a.seed)
+  w = c.warmstart = config_blocks.warmstart_cpu_demo("swirl", a.seed)
   # 60% of the demonstrations answer a step early, so greedy decoding
   # does; 30% are right (module docstring of tasks/demonstrations.py). At
   # 50% early (gold 0.35, operand 0.15) the greedy choice at that fork was

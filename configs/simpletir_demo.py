@@ -62,7 +62,7 @@ spread over the seeds:
 
 import os
 
-from swirl_jax import config_lib, warmstart
+from swirl_jax import config_blocks, config_lib
 
 ABLATIONS = {"": (), "void": (("void_filter", "grpo.filter_void", True),
                               ("no_void_filter", "grpo.filter_void", False))}
@@ -97,7 +97,7 @@ def get_config(arg=None):
       f"model=mini,data=synthetic_compute,runlocal=True,"
       f"filter_void={a.filter_void},seed={a.seed}")
   c.model.tokenizer = "bundled"  # The base vocabulary's special tokens.
-  w = c.warmstart = warmstart.cpu_demo_config("simpletir", a.seed)
+  w = c.warmstart = config_blocks.warmstart_cpu_demo("simpletir", a.seed)
   # Half the demonstrations run code; the rest err in the ways GRPO and
   # the void filter are about (module docstring).
   w.mix = dict(tool=0.5, direct=0.25, bad_code=0.1, void=0.15)
@@ -118,7 +118,7 @@ def get_config(arg=None):
   if a.warmstart_from:
     w.enabled = False
     c.model.checkpoint = c.model.tokenizer = str(
-        warmstart.hf_dir(a.warmstart_from))
+        config_blocks.warmstart_hf_dir(a.warmstart_from))
   c.prompts_per_step, c.grpo.group_size = 16, 8
   c.grpo.accuracy_band = (0.1, 0.9)  # SimpleTIR's.
   c.num_iterations = 10

@@ -34,8 +34,9 @@ init otherwise), runlocal (CPU sizes), filter_void (default true), data
 
 import ml_collections
 
-from swirl_jax import config_lib, fit_programs, warmstart
-from swirl_jax.training import trainer as trainer_lib
+# The blocks' defaults without the modules that read them (seconds of
+# imports in every process that loads this file).
+from swirl_jax import config_blocks, config_lib
 
 # Held-out sets of job simpletir_eval (and what validation can name).
 MATH_EVAL = ("math500", "aime:2024", "aime:2025", "amc23", "gsm8k:test")
@@ -95,7 +96,7 @@ def get_config(arg=None):
   # vs the kept rows alone: one extra backward on the iteration's batch.
   c.void_grad_every = 0
   # CPU runs warm-start a small policy first (configs/simpletir_demo.py).
-  c.warmstart = warmstart.default_config()
+  c.warmstart = config_blocks.warmstart_config()
   # During training, every `every` iterations (and before the first and
   # after the last): avg@k and pass@k on `datasets` into metrics.jsonl
   # (`val_<set>_avg@k`), and the policy exported to <workdir>/hf. The
@@ -112,7 +113,7 @@ def get_config(arg=None):
   c.eval = dict(policy="", datasets=MATH_EVAL, k=32, max_turns=10,
                 temperature=1.0, top_p=0.7, max_new_tokens=12000,
                 max_response_tokens=36000, max_cache_len=36000, limit=0)
-  t = trainer_lib.default_config()
+  t = config_blocks.train_config()
   t.seed = arg.seed
   t.mini_batch_size = c.get_ref("mini_batch_prompts") * \
       c.grpo.get_ref("group_size")
@@ -151,5 +152,5 @@ def get_config(arg=None):
   t.num_steps = 0
   c.train = t
   # --config.job=fit: the memory fit on a target (swirl_jax/fit.py).
-  c.fit = fit_programs.default_config()
+  c.fit = config_blocks.fit_config()
   return c

@@ -38,9 +38,9 @@ import os
 
 import ml_collections
 
-from swirl_jax import config_lib, fit_programs
-from swirl_jax import judges
-from swirl_jax.training import trainer as trainer_lib
+# The blocks' defaults without the modules that read them (seconds of
+# imports in every process that loads this file).
+from swirl_jax import config_blocks, config_lib
 
 ARGS = dict(model="smollm2_135m", checkpoint="", judge="",
             runlocal=False, seed=0)
@@ -59,7 +59,7 @@ def experiment(data: str):
 
 
 def _train(loss: str, seed: int) -> ml_collections.ConfigDict:
-  t = trainer_lib.default_config()
+  t = config_blocks.train_config()
   t.seed = seed
   t.loss.kind = loss
   t.optim.lr = 1e-6
@@ -71,7 +71,7 @@ def _train(loss: str, seed: int) -> ml_collections.ConfigDict:
 
 
 def _judge(kind: str) -> ml_collections.ConfigDict:
-  j = judges.default_config(kind)
+  j = config_blocks.judge_config(kind)
   j.model_name = JUDGE_MODEL  # Read by kind 'http' only.
   return j
 
@@ -136,7 +136,7 @@ def get_config(arg=None):
   if a.runlocal:
     _cpu_sizes(c)
   # --config.job=fit: the memory fit on a target (swirl_jax/fit.py).
-  c.fit = fit_programs.default_config()
+  c.fit = config_blocks.fit_config()
   return c
 
 

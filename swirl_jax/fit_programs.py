@@ -30,10 +30,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from swirl_jax import jsonl
+from swirl_jax import config_blocks, jsonl
 from swirl_jax import sharding as shd
 from swirl_jax.models import paged, presets
 from swirl_jax.rollout import engine as engine_lib
@@ -50,29 +49,8 @@ TRAIN_BLOCKS = ("train", "rl_train", "sft_train")
 GIB = 1 << 30
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """`config.fit`: the fit job's fields (swirl_jax/fit.py)."""
-  return ml_collections.ConfigDict(dict(
-      chip="h100", devices=8,
-      num_layers_override=0,  # > 0: extrapolate from n and n + 1 layers.
-      train_block="",  # '' = the first of train, rl_train, sft_train.
-      train_rows=0,  # 0 = the block's mini_batch_size.
-      seq_len=0,  # 0 = max_seq_len, stage2.max_len or the cache length.
-      sampler_rows=64,  # generate's rows where sampler.max_rows is 0.
-      prompt_len=1024, decode_steps=1024,
-      # 'target': what the chip runs, compiled here as a stand-in of the
-      # same memory: TPU splash, or for cuDNN's flash attention (GPUs) the
-      # splash kernel too, both in Pallas' interpreter; Gemma 2 on a GPU
-      # (soft-cap: no cuDNN) the block attention. Or any attention_impl.
-      attention_impl="target",
-      # Decode attention over the pages: 'target' compiles 'xla_pages' (the
-      # pages read each step, nothing held: a kernel's memory) for a GPU or
-      # TPU; or any paged_attention_impl.
-      paged_attention_impl="target",
-      hbm_fraction=0.9,
-      # Capacity: context lengths from a rollouts file (each trajectory's
-      # whole context), or else rows of this share of the cache length.
-      rollouts="", mean_live_fraction=0.25))
+# The block lives with the other defaults, light for config files.
+default_config = config_blocks.fit_config
 
 
 class Setup:

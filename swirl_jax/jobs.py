@@ -157,9 +157,14 @@ def register(name: str, target: str) -> None:
   JOBS[name] = target
 
 
-def get(name: str) -> Callable:
+def check(name: str) -> None:
+  """KeyError naming the valid jobs when `name` is none of them."""
   if name not in JOBS:
     raise KeyError(f"unknown job {name!r}; valid: {', '.join(sorted(JOBS))}")
+
+
+def get(name: str) -> Callable:
+  check(name)
   job = _load(JOBS[name])
   if name not in TRAINING_JOBS:
     return job

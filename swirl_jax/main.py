@@ -111,7 +111,7 @@ def main(argv):
   distributed.initialize()  # Before anything touches a device.
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
-    job = jobs.get(config.get("job", ""))
+    jobs.check(config.get("job", ""))
   except OSError as e:  # ml_collections defers a failed config load.
     lines = [l.strip() for l in str(e).splitlines() if l.strip()]
     _fail(f"cannot load --config: {lines[-1] if lines else e}")
@@ -129,6 +129,9 @@ def main(argv):
     _warn_ignored_presets(
         config, config_flags.get_override_values(flags.FLAGS["config"]))
     jobs.validate(config)  # Before anything is written.
+    # After validate: a job's module imports seconds of libraries, which a
+    # config that names something absent need not wait for.
+    job = jobs.get(config.job)
     errors.check_writable(workdir)  # Creates it.
     distributed.check_shared_workdir(workdir)  # Multi-process: seen by all.
     job(config, workdir)

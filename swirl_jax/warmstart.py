@@ -46,7 +46,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from swirl_jax import distributed
+from swirl_jax import config_blocks, distributed
 from swirl_jax.models import decoder, loading, presets
 from swirl_jax.models.tokenizer import Tokenizer
 from swirl_jax.rollout import batching, prompts
@@ -61,61 +61,11 @@ from swirl_jax.tasks import synthetic
 from swirl_jax.training import trainer as trainer_lib
 
 
-def default_config() -> ml_collections.ConfigDict:
-  t = trainer_lib.default_config()
-  t.loss.kind = "sft"
-  t.optim.update(lr=3e-3, warmup_steps=20, schedule="cosine",
-                 end_lr_ratio=0.1, weight_decay=0.0)
-  t.num_steps = 200
-  t.checkpoint_every = 100
-  t.export_hf = True
-  return ml_collections.ConfigDict(dict(
-      enabled=False, split="demo", tasks=1024, vocab_size=1024,
-      batch_size=16,
-      # 'actions': the model's turns only (SFT); 'all': every token, tool
-      # results and question included, which teaches a model from scratch
-      # to copy (numbers into expressions, results into answers) sooner.
-      loss_on="actions",
-      # The tokenizer keeps each number whole (no one-digit-per-token rule)
-      # and demonstrations space numbers as the questions do, so copying a
-      # number is copying one token.
-      whole_numbers=False,
-      # The prompt's fixed text (system turn, instruction) as one token
-      # each (`prompt_phrases`): same text, far shorter sequences.
-      prompt_tokens=False,
-      # 'swirl' (tags, the chat template's turns) or 'simpletir' (```python
-      # blocks, tool output inline in one assistant message).
-      fmt="swirl",
-      # {style: weight} of `tasks/demonstrations.py` (styles that err at
-      # known rates), every demonstration trained on; empty: gold
-      # trajectories only, the correct ones trained on.
-      mix={}, train=t,
-      # 0: train num_steps steps. > 0: stop at the first check (every
-      # `every` steps) where the copy rate on `tasks` held-out
-      # demonstration prompts, one sample each at `temperature`, reaches
-      # it (module docstring).
-      criterion=dict(min_copy_rate=0.0, every=60, tasks=128,
-                     temperature=1.0, max_new_tokens=40)))
-
-
-def cpu_demo_config(fmt: str = "swirl", seed: int = 0
-                    ) -> ml_collections.ConfigDict:
-  """The warm start of the CPU demos (configs/demo.py, simpletir_demo.py).
-
-  Small batches, many steps, a high learning rate: copying numbers from
-  the question into expressions is learnt suddenly, after a few hundred
-  updates, and the number of updates (not tokens) is what buys it.
-  """
-  w = default_config()
-  w.update(enabled=True, fmt=fmt, vocab_size=2048, whole_numbers=True,
-           prompt_tokens=True, loss_on="all", batch_size=8)
-  w.train.update(num_steps=480, seed=seed)
-  w.train.optim.lr = 8e-3
-  return w
-
-
-def hf_dir(workdir) -> pathlib.Path:
-  return pathlib.Path(workdir) / "warmstart" / "hf"
+# Its config blocks (config_blocks.py: config files read them without
+# importing this module).
+default_config = config_blocks.warmstart_config
+cpu_demo_config = config_blocks.warmstart_cpu_demo
+hf_dir = config_blocks.warmstart_hf_dir
 
 
 def model_config(c, workdir) -> ml_collections.ConfigDict:

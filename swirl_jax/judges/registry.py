@@ -8,52 +8,23 @@ fields of the chosen kind are read.
 
 from typing import Any, Sequence
 
-import ml_collections
-
-from swirl_jax import config_lib, distributed
+from swirl_jax import config_blocks, config_lib, distributed
 from swirl_jax.judges import base
 from swirl_jax.judges.http_judge import HTTPJudge, chat_url
 from swirl_jax.judges.model import ModelJudge
 from swirl_jax.judges.programmatic import ProgrammaticJudge
 from swirl_jax.models import loading
 
-KINDS = ("model", "http", "programmatic")
+# The blocks live with the other defaults, light for config files.
+KINDS = config_blocks.JUDGE_KINDS
+_FIELDS = config_blocks.JUDGE_FIELDS
+_check_kind = config_blocks.check_judge_kind
+default_config = config_blocks.judge_config
 
-# The fields each kind reads, at their defaults; `kind` and `threshold` are
-# common to all.
-_FIELDS = {
-    "model": lambda: dict(model=config_lib.model_config(), batch_size=8,
-                          max_len=2048, scoring="first_token"),
-    "http": lambda: dict(
-        base_url="http://127.0.0.1:8000", model_name="", api_key_env="",
-        max_concurrency=8, requests_per_second=0.0, max_retries=5,
-        backoff_s=1.0, max_backoff_s=60.0, timeout_s=120.0,
-        cache_path="",  # '': the job's default (in the workdir); 'off'.
-        # The prompt asks for one word; 8 tokens fit it with markup or a
-        # short negation ("**GOOD**", "Not good."), read as a judge means.
-        logprobs=True, top_logprobs=20, max_tokens=8, temperature=0.0,
-        max_unparsable=0.1,  # Share of a batch; more fails the stage.
-        retry_log_every_s=30.0),
-    "programmatic": dict,
-}
 _HTTP_KW = ("api_key_env", "max_concurrency", "requests_per_second",
             "max_retries", "backoff_s", "max_backoff_s", "timeout_s",
             "logprobs", "top_logprobs", "max_tokens", "temperature",
             "max_unparsable", "retry_log_every_s")
-
-
-def _check_kind(kind: str, name: str) -> None:
-  if kind not in KINDS:
-    raise config_lib.ConfigError(f"{name}.kind {kind!r}; valid: {KINDS}")
-
-
-def default_config(kind: str = "http") -> ml_collections.ConfigDict:
-  """A judge config block of kind `kind`, with every kind's fields."""
-  _check_kind(kind, "judge")
-  fields = dict(kind=kind, threshold=0.5)
-  for k in KINDS:
-    fields.update(_FIELDS[k]())
-  return ml_collections.ConfigDict(fields)
 
 
 def validate(config, name: str = "judge") -> None:

@@ -24,8 +24,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import PartitionSpec as P
+
+from swirl_jax import config_blocks
 
 # target name -> (module in params['layers'], number of input dims).
 TARGETS = {"q": ("attn", 1), "k": ("attn", 1), "v": ("attn", 1),
@@ -33,9 +34,8 @@ TARGETS = {"q": ("attn", 1), "k": ("attn", 1), "v": ("attn", 1),
            "down": ("mlp", 1)}
 
 
-def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down")))
+# The block lives with the other defaults, light for config files.
+default_config = config_blocks.lora_config
 
 
 def enabled(cfg) -> bool:

@@ -21,16 +21,15 @@ import jax
 import ml_collections
 import optax
 
+from swirl_jax import config_blocks
+
 SCHEDULES = ("constant", "cosine", "linear")
 # Parameters that weight decay leaves alone: norm scales and biases.
 _NO_DECAY_NAMES = ("scale", "bias", "norm")
 
 
-def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      lr=1e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
-      schedule="constant", warmup_steps=0, decay_steps=0, end_lr_ratio=0.0,
-      grad_clip=1.0))
+# The block lives with the other defaults, light for config files.
+default_config = config_blocks.optim_config
 
 
 def with_defaults(cfg: Any | None) -> ml_collections.ConfigDict:

@@ -38,12 +38,11 @@ from typing import Iterable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from swirl_jax import config_lib
+from swirl_jax import config_blocks, config_lib
 from swirl_jax import dispatch
 from swirl_jax import distributed
 from swirl_jax import sharding as shd
@@ -66,18 +65,8 @@ _MAX_KEYS = ("ratio_max", "mismatch_abs_max")
 _ROW_KEYS = ("reward_mean", "action_logp")
 
 
-def default_loss_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      kind="clipped_surrogate",
-      agg="",  # '' = the loss's own default (token_mean; stepwise: per row).
-      eps_low=0.2, eps_high=0.28,
-      dual_clip_c=3.0,  # <= 0: off.
-      kl_coef=0.0,  # weight of the k3 KL to `ref_logprobs`, when given.
-      with_entropy=False,  # report entropy (one more pass over the logits).
-      chunk_size=128,  # sequence positions per log-prob chunk.
-      # > 0: truncated importance sampling, each token's loss times
-      # min(pi_trainer / pi_sampler, tis_cap) (needs `old_logprobs`).
-      tis_cap=0.0))
+# The block lives with the other defaults, light for config files.
+default_loss_config = config_blocks.loss_config
 
 
 def _agg(loss_cfg) -> str:

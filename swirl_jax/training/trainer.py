@@ -20,9 +20,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import Mesh
 
+from swirl_jax import config_blocks
 from swirl_jax import dispatch
 from swirl_jax import distributed
 from swirl_jax import sharding as shd
@@ -40,25 +40,8 @@ Batch = dict
 BatchSource = Callable[[int], Iterator[Batch]] | Iterable[Batch]
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """Every field the training core reads, with its default."""
-  return ml_collections.ConfigDict(dict(
-      seed=0,
-      # 'auto' (training/defaults.py: FSDP for >= 1B params, else data
-      # parallel) or a list of (axis, size) with at most one size -1.
-      mesh="auto",
-      num_steps=100,  # optimizer steps.
-      # Gradient accumulation inside one step; 0: from the token budget.
-      micro_batches=0,
-      tokens_per_device=8192,  # per micro-batch, when micro_batches is 0.
-      ppo_epochs=1,  # passes over each rollout batch.
-      mini_batch_size=0,  # rows per step within a batch; 0: the whole batch.
-      optim=optimizer.default_config(),
-      lora=lora.default_config(),
-      loss=step_lib.default_loss_config(),
-      checkpoint_every=100, keep_checkpoints=3, async_checkpoints=True,
-      export_hf=False,  # write <workdir>/hf (LoRA merged) at the end.
-      tensorboard=True, progress=True))
+# The block lives with the other defaults, light for config files.
+default_config = config_blocks.train_config
 
 
 class Trainer:
