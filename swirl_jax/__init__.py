@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 LAYERS = (
     ("paths", "errors"),
     ("config_lib", "sharding", "jsonl", "shapes", "chips", "dispatch"),
+    ("config_blocks",),  # Config blocks' defaults, light for config files.
     ("distributed",),  # Multi-host start and exchange; lays arrays out.
     ("tools",),  # Plain Python, no JAX.
     ("tasks",),  # Plain Python; answer checkers may use tool parsing.

@@ -110,7 +110,7 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
     assert eng.device.free() == (4, 4 * 16)
   else:  # A task's samples share its prompt's pages; rows that do not
     # sample the same.
-    assert eng.metrics["forked_rows"] > 0
+    assert eng.metrics["forked_rows"] > 0 and eng.device.held() == 0
     cfg, params, tok, _ = tiny
     alone = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=1024,
                                                     share_prompts=False))
