@@ -197,6 +197,32 @@ def test_rows_with_one_prompt_share_its_pages(tiny):
   assert shared["held_after_prefill"] == 7
 
 
+def test_a_leader_preempted_before_its_prefill_leaves_no_stale_pages(tiny):
+  """A follower whose leader lets go of the shared pages before filling
+  them prefills its prompt into pages of its own: the same tokens as
+  rows that share nothing."""
+  cfg, params, table, config = tiny
+  prompt = np.random.RandomState(3).randint(0, 256, 40).tolist()
+  out = {}
+  for share in (True, False):
+    s = Sampler(params, cfg, config=dataclasses.replace(
+        config, share_prompts=share), token_bytes=table)
+    dev = s.device(4, 5, 32)
+    dev.open(2, 2)
+    rows = _rows([prompt] * 2, 10)
+    assert dev.reserve(rows, [40, 40])
+    if share:
+      assert rows[1].seat.pages[:2] == rows[0].seat.pages[:2]
+      dev.preempt(rows[0])
+    dev.append(rows, fresh=True)
+    for r in rows:
+      r.length = len(r.obs)
+    out[share] = _chunks(dev, rows, 2, ())
+    assert not share or dev.counts["forked_rows"] == 0
+    dev.close()
+  assert [t for t, _, _ in out[True]] == [t for t, _, _ in out[False]]
+
+
 def test_a_shared_page_is_never_written(tiny):
   """A decode that would write into a page another row holds raises
   before it runs."""

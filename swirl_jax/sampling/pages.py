@@ -394,17 +394,20 @@ class PagedDevice:
 
   def _forks(self, rows) -> list[tuple]:
     """(row, leader) of the rows of a prefill that fork from a leader
-    prefilled in it. A row whose leader is not in it (nothing here does
-    that) takes pages of its own for the prompt and prefills it."""
+    prefilled in it. A row whose leader is not in it, or let go of the
+    shared pages before filling them (preempted before its prefill:
+    nothing here does that), takes pages of its own for the prompt and
+    prefills it."""
     here, forks = {id(r) for r in rows}, []
     for r in rows:
       _, leader = self._follows.pop(id(r), (None, None))
       if leader is None:
         continue
-      if id(leader) in here:
+      shared = len(r.obs) // self.page
+      if id(leader) in here and (leader.seat.pages[:shared]
+                                 == r.seat.pages[:shared]):
         forks.append((r, leader))
         continue
-      shared = len(r.obs) // self.page
       own = r.seat.pages[shared:]
       r.seat.pages = r.seat.pages[:shared]
       self._give(r.seat)
