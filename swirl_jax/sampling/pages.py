@@ -384,7 +384,8 @@ class PagedDevice:
     self._take(rows, [len(r.obs) for r in rows])
     self._restore(rows)
     forks = self._forks(rows) if fresh else []
-    feed = [r for r in rows if id(r) not in {id(f) for f, _ in forks}]
+    forked = {id(r) for r, _ in forks}
+    feed = [r for r in rows if id(r) not in forked]
     self._feed(feed, [r.obs for r in feed], [0] * len(feed))
     if fresh:
       self.counts["prefill_tokens"] += sum(len(r.obs) for r in feed)
