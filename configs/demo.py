@@ -24,15 +24,21 @@ Args: `smoke` (a 1-minute run of every stage, for tests), seed, seeds
 the held-out table's mean and spread over them in <workdir>/seeds.md;
 job `swirl_seeds`, swirl_jax/swirl/seeds.py), filters (with seeds: stage
 2 under each of the four filters and SFT on the process-filtered steps,
-beside the demo's own stage 2, all from each seed's one stage 1),
-first_seed (with seeds: seeds first_seed .. first_seed+seeds-1; the
-table covers every finished seed in the workdir, so a later run with
-another first_seed extends it):
+beside the demo's own stage 2, all from each seed's one stage 1, and
+the paired differences process − none / outcome / process + outcome and
+SWiRL − SFT), orderings (filters on warm-start data that errs at every
+step, `slip` and `detour` in tasks/demonstrations.py: good steps in
+trajectories that end wrong, bad steps in ones that end right, where the
+filters keep different steps), first_seed (with seeds: seeds
+first_seed .. first_seed+seeds-1; the table covers every finished seed
+in the workdir, so a later run with another first_seed extends it):
 
   python -m swirl_jax.main --config=configs/demo.py:seeds=3 \
       --workdir=/tmp/swirl_demo_seeds
   python -m swirl_jax.main --config=configs/demo.py:seeds=3,filters=True \
       --workdir=/tmp/swirl_filters
+  python -m swirl_jax.main --config=configs/demo.py:seeds=5,orderings=True \
+      --workdir=/tmp/swirl_orderings
   python -m swirl_jax.main \
       --config=configs/demo.py:seeds=2,first_seed=3 \
       --workdir=/tmp/swirl_demo_seeds
@@ -45,7 +51,7 @@ from swirl_jax import config_blocks, config_lib
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, smoke=False, seed=0, seeds=0, first_seed=0,
-                           filters=False)
+                           filters=False, orderings=False)
   c = config_lib.load_config_module(os.path.join(
       os.path.dirname(__file__), "swirl_synthetic_arith.py")).get_config(
           f"model=mini,judge=programmatic,runlocal,seed={a.seed}")
@@ -72,13 +78,17 @@ def get_config(arg=None):
   c.rl_train.mini_batch_size = 64
   c.rl_train.checkpoint_every = 20
   c.eval.policies = ("base", "rl")
-  if a.filters:  # The paper's filter and SFT comparisons, same seeds.
+  if a.orderings:  # Errors at every step: the filters keep different steps.
+    w.mix = dict(gold=0.2, slip=0.4, detour=0.2, skip=0.2)
+  if a.filters or a.orderings:  # The paper's filter and SFT comparisons.
     c.stages = ("warmstart", "stage1", "filter", "rl", "sft", "eval",
                 "report")
     c.rl_filters = ("none", "process", "outcome", "process_outcome")
     c.sft_train.update(num_steps=24, mini_batch_size=16,
                        checkpoint_every=20)
     c.sft_train.optim.lr = 1e-4
+    c.contrasts = ("rl-rl_none", "rl-rl_outcome", "rl-rl_process_outcome",
+                   "rl-sft")
   c.seeds, c.first_seed = a.seeds, a.first_seed
   if a.seeds:
     c.job = "swirl_seeds"

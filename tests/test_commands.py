@@ -56,7 +56,7 @@ RULES = (
     ("accelerator_gpu.sh", "skip: needs an NVIDIA GPU"),
     ("python benchmarks/", "long"),
     ("--config.job=fit", "long"),
-    ("configs/demo.py:seeds=3", "long:,smoke"),
+    ("configs/demo.py:seeds=", "long:,smoke"),
     ("configs/demo.py:smoke", "long"),
     ("--config.job=judge_calibration", "long"),
     ("configs/demo.py --workdir=$W", "long"),  # Ablations on the demo.

@@ -20,7 +20,7 @@ def test_styles_follow_the_mix_and_the_seed():
   share = {k: v / len(tasks) for k, v in collections.Counter(got).items()}
   for style, weight in mix.items():
     assert share[style] == pytest.approx(weight, abs=0.03)
-  with pytest.raises(ValueError, match="styles are gold, operand, skip"):
+  with pytest.raises(ValueError, match="styles are gold, operand, skip, slip, detour"):
     demos.styles(tasks, dict(tool=1.0), "swirl", seed=0)
 
 
@@ -67,3 +67,33 @@ def test_swirl_errors_sit_at_the_last_step():
         wrong_calls += labels[n - 1] == 0.0
   # A wrong operand can land on another step's value (then it is GOOD).
   assert wrong_calls >= 0.8 * len(tasks)
+
+
+def test_swirl_slips_and_detours_err_at_any_step():
+  """A slip: the steps before it GOOD, it and the rest BAD, the answer
+  wrong. A detour: one BAD call among GOOD ones, the answer right. Both
+  land on every step of the graph across tasks."""
+  tasks = synthetic.arithmetic_tasks(60, seed=3, split="demo")
+  judge = ProgrammaticJudge(tasks)
+  where = {"slip": collections.Counter(), "detour": collections.Counter()}
+  for task in tasks:
+    n = len(task.metadata["solution_graph"])
+    for style in where:
+      turns = demos.reference_turns(task, style, spaced=True, fmt="swirl")
+      assert turns == demos.reference_turns(task, style, spaced=True,
+                                            fmt="swirl")
+      labels = [judge.score_one(task, task.question, t["action"])
+                for t in turns]
+      right = checkers.check(
+          task, parsing.parse_turn(turns[-1]["action"], "swirl").answer)
+      bad = [i for i, x in enumerate(labels) if x == 0.0]
+      if style == "slip":
+        assert len(turns) == n + 1 and not right and labels[-1] == 0.0
+        # A wrong number can land on another step's value (then GOOD).
+        where[style][bad[0] if bad[0] < n else -1] += 1
+      else:
+        assert len(turns) == n + 2 and right and labels[-1] == 1.0
+        where[style][bad[0] if len(bad) == 1 else -1] += 1
+  for style, at in where.items():
+    assert {0, 1, 2} <= set(at), (style, at)
+    assert at[-1] <= 0.2 * len(tasks), (style, at)

@@ -44,11 +44,30 @@ def test_aggregate_and_table_by_hand():
   assert seeds.exceeds_spread(dict(mean=0.1, std=0.05, min=0.05, max=0.2))
   assert not seeds.exceeds_spread(dict(mean=0.1, std=0.05, min=-0.01,
                                        max=0.2))
+  assert not seeds.exceeds_spread(dict(mean=0.1, std=0.0, min=0.1,
+                                       max=0.1, n=1))
   text = seeds.table(agg, ("accuracy", "process_correctness"))
   assert "| base | 0.300 ± 0.100 (0.200–0.400) | 0.500 ± 0.000" in text
   # rl: 0.3, 0.3, 0.6; std sqrt((.01 + .01 + .04) / 2) = 0.173.
   assert "| rl | 0.400 ± 0.173 (0.300–0.600) | - |" in text
   assert "| rl − base | +0.100 ± 0.100 (+0.000–+0.200) | - |" in text
+  assert gain["se"] == pytest.approx(0.1 / 3 ** 0.5)
+
+
+def test_contrasts_are_paired_differences_of_two_policies():
+  per_seed = {s: {"base": {"accuracy": 0.1}, "rl": {"accuracy": a},
+                  "sft": {"accuracy": b}}
+              for s, (a, b) in enumerate([(0.5, 0.2), (0.4, 0.35),
+                                          (0.6, 0.3)])}
+  agg = seeds.aggregate(per_seed, ("accuracy",), contrasts=("rl-sft",))
+  diff = agg["rl − sft"]["accuracy"]  # 0.3, 0.05, 0.3.
+  assert diff["mean"] == pytest.approx(0.65 / 3)
+  assert (diff["min"], diff["max"]) == pytest.approx((0.05, 0.3))
+  assert seeds.exceeds_spread(diff)
+  assert "| rl − sft | +0.217* ± 0.144 (+0.050–+0.300) |" in seeds.table(
+      agg, ("accuracy",))
+  with pytest.raises(ValueError, match="two policies every seed has"):
+    seeds.aggregate(per_seed, ("accuracy",), contrasts=("rl-rl_outcome",))
 
 
 def test_demo_over_two_seeds_through_main(tmp_path):

@@ -7,7 +7,10 @@ killed driver resumes. Then `seeds.{json,md}` in the workdir hold, per
 policy and metric, the mean, sample std, min and max over the seeds, and
 for every policy but the base its paired gain over the base (the mean and
 spread of the per-seed differences, which the seeds' shared variation,
-e.g. a stronger warm start, leaves out). The JSON is printed as the last
+e.g. a stronger warm start, leaves out); `config.contrasts` ("a-b", ...)
+adds the same paired difference between two trained policies (e.g.
+"rl-sft": SWiRL against SFT on one seed's same data). The JSON is printed
+as the last
 line. Each seed's rollout viewer (`seed_<s>/rollouts.html`: its runs'
 trajectories and every policy's held-out answers, swirl_jax/viewer) is
 built with the table, which links it from seeds.md.
@@ -26,7 +29,7 @@ from matplotlib.figure import Figure  # No pyplot: no global backend.
 
 from swirl_jax import viewer
 
-GAIN = " − base"  # Suffix of a policy's paired gain over the base.
+DIFF = " − "  # In a row's name: a paired difference, "a − b".
 
 
 def with_seed(c, seed: int) -> ml_collections.ConfigDict:
@@ -45,41 +48,49 @@ def with_seed(c, seed: int) -> ml_collections.ConfigDict:
 
 def _stats(v) -> dict:
   v = np.asarray(v, np.float64)
-  return dict(mean=float(v.mean()),
-              std=float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+  std = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+  return dict(mean=float(v.mean()), std=std, se=std / np.sqrt(len(v)),
               min=float(v.min()), max=float(v.max()), n=len(v))
 
 
 def aggregate(per_seed: dict[int, dict], metrics: Sequence[str],
-              base: str | None = "base") -> dict:
-  """{policy: {metric: {mean, std, min, max, n}}} over the seeds' results
-  ({policy: {metric: value}} each); std is the sample std (ddof 1; 0 for
-  one seed). With a `base` policy, each other policy P also gets
-  'P − base': the same statistics of its per-seed difference."""
+              base: str | None = "base", contrasts: Sequence[str] = ()
+              ) -> dict:
+  """{policy: {metric: {mean, std, se, min, max, n}}} over the seeds'
+  results ({policy: {metric: value}} each); std is the sample std (ddof
+  1; 0 for one seed), se its standard error. With a `base` policy, each
+  other policy P also gets 'P − base': the same statistics of its
+  per-seed difference; each contrast "a-b" gets 'a − b'."""
   runs = list(per_seed.values())
   policies = [p for p in runs[0] if all(p in r for r in runs)]
   out = {}
   for p in policies:
     out[p] = {m: _stats([r[p][m] for r in runs]) for m in metrics
               if all(m in r[p] for r in runs)}
-  if base in policies:
-    for p in policies:
-      if p != base:
-        out[p + GAIN] = {m: _stats([r[p][m] - r[base][m] for r in runs])
-                         for m in out[p] if m in out[base]}
+  pairs = [(p, base) for p in policies if base in policies and p != base]
+  for spec in contrasts:
+    a, sep, b = spec.partition("-")
+    if not sep or a not in policies or b not in policies:
+      raise ValueError(f"contrast {spec!r}: 'a-b' of two policies every "
+                       f"seed has ({', '.join(policies)})")
+    pairs.append((a, b))
+  for a, b in pairs:
+    out[a + DIFF + b] = {m: _stats([r[a][m] - r[b][m] for r in runs])
+                         for m in out[a] if m in out[b]}
   return out
 
 
 def exceeds_spread(s: dict) -> bool:
   """Whether a gain's mean is larger than its spread over the seeds (its
-  sample std) and every seed's difference has the mean's sign."""
+  sample std) and every seed's difference has the mean's sign; never for
+  one seed, which has no spread."""
   same_sign = s["min"] > 0 if s["mean"] > 0 else s["max"] < 0
-  return abs(s["mean"]) > s["std"] and same_sign
+  return s.get("n", 2) > 1 and abs(s["mean"]) > s["std"] and same_sign
 
 
 def table(agg: dict, metrics: Sequence[str]) -> str:
-  """Markdown: `mean ± std (min–max)` per policy and metric; a gain row
-  marks a mean beyond its spread with a '*'."""
+  """Markdown: `mean ± std (min–max)` per policy and metric; a paired
+  difference's row marks a mean beyond its spread with a '*'."""
   lines = ["| policy | " + " | ".join(metrics) + " |",
            "|---" * (len(metrics) + 1) + "|"]
   for p, ms in agg.items():
@@ -89,8 +100,8 @@ def table(agg: dict, metrics: Sequence[str]) -> str:
       if not s:
         cells.append("-")
         continue
-      mark = "*" if p.endswith(GAIN) and exceeds_spread(s) else ""
-      sign = "+" if p.endswith(GAIN) else ""
+      mark = "*" if DIFF in p and exceeds_spread(s) else ""
+      sign = "+" if DIFF in p else ""
       cells.append(f"{s['mean']:{sign}.3f}{mark} ± {s['std']:.3f} "
                    f"({s['min']:{sign}.3f}–{s['max']:{sign}.3f})")
     lines.append(f"| {p} | " + " | ".join(cells) + " |")
@@ -142,7 +153,7 @@ def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
     done[s] = json.loads((work / f"seed_{s}" / "done.json").read_text())
   per_seed, done = dict(sorted(per_seed.items())), dict(sorted(done.items()))
   n = len(per_seed)
-  agg = aggregate(per_seed, metrics, base)
+  agg = aggregate(per_seed, metrics, base, tuple(c.get("contrasts", ())))
   runs = {str(s): dict(wall_s=d.get("wall_s"), commit=d.get("commit"))
           for s, d in done.items()}
   out = dict(seeds=n, policies=agg,
@@ -150,9 +161,9 @@ def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
   (work / "seeds.json").write_text(json.dumps(out, indent=2))
   md = table(agg, metrics)
   (work / "seeds.md").write_text(
-      f"Results over {n} seeds: mean ± sample std (min–max); a gain "
-      f"row's '*': its mean exceeds its spread.{note}\n\n" + md + "\n\n"
-      + runs_line(runs) + "\n" + viewer_links(work, per_seed))
+      f"Results over {n} seeds: mean ± sample std (min–max); a paired "
+      f"difference's '*': its mean exceeds its spread.{note}\n\n" + md
+      + "\n\n" + runs_line(runs) + "\n" + viewer_links(work, per_seed))
   print(md)
   print(json.dumps(out), flush=True)
   return out

@@ -25,11 +25,20 @@ SWiRL (format 'swirl', arithmetic word problems with the calculator):
   operand   the last step takes a wrong number of the problem (another
             of its quantities or an earlier result), so the answer is wrong;
   skip      answers before the last step, with the value of the one
-            before it.
-The SWiRL errors sit at the last step, so a policy warm-started with them
-at a rate above one half errs there under greedy decoding (its likelier
-action is the wrong one) and still samples the right step often enough
-for a judge to reward it: the state stage 2 has to learn at.
+            before it;
+  slip      one step, drawn at random, takes a wrong number; the later
+            steps carry its value, so the answer is wrong: the steps
+            before the slip are good ones in a trajectory that ends wrong
+            (what an outcome filter throws away);
+  detour    at a step drawn at random, a wasted call on a wrong number
+            first, then the right step and the rest: a bad step in a
+            trajectory that ends right (what an outcome filter keeps).
+The `operand` and `skip` errors sit at the last step, so a policy
+warm-started with them at a rate above one half errs there under greedy
+decoding (its likelier action is the wrong one) and still samples the
+right step often enough for a judge to reward it: the state stage 2 has
+to learn at. `slip` and `detour` spread the errors over every step, for
+the runs that compare SWiRL's filters (`configs/demo.py:orderings`).
 
 The styles other than `tool` / `gold` end in a wrong answer (a guess can
 be right by chance; the checker decides). `styles` draws each task's style
@@ -42,7 +51,7 @@ from swirl_jax.tasks import synthetic
 from swirl_jax.tasks.records import Task
 
 STYLES = {"simpletir": ("tool", "direct", "bad_code", "void", "code_only"),
-          "swirl": ("gold", "operand", "skip")}
+          "swirl": ("gold", "operand", "skip", "slip", "detour")}
 GOLD = {"simpletir": "tool", "swirl": "gold"}
 # Styles whose demonstration ends with its first call: what the loop
 # appends after it (the tool's output) stays out of the warm start's data.
@@ -117,31 +126,41 @@ def _simpletir(task, style, gold, spaced, rng) -> list[dict]:
 
 
 def _swirl(task, style, spaced, rng) -> list[dict]:
-  """The gold steps up to the last one, then the error."""
+  """The gold steps with the style's error (module docstring)."""
   graph = task.metadata["solution_graph"]
   env = dict(task.metadata["quantities"])
-  at = len(graph) - 1
+  at = len(graph) - 1 if style in ("operand", "skip") else (
+      rng.randrange(len(graph)))
   turns, value = [], None
   for i, step in enumerate(graph):
     if style == "skip" and i == at:
       break
     left, right = (env[x] if isinstance(x, str) else x
                    for x in step["operands"])
-    if style == "operand" and i == at:
+    if style == "detour" and i == at:  # A wasted call, then the step.
+      turns.append(_call(step, *_wrong_operands(step, left, right, env, rng),
+                         spaced)[0])
+    if style in ("operand", "slip") and i == at:
       left, right = _wrong_operands(step, left, right, env, rng)
-    value = synthetic.OPS[step["op"]](left, right)
-    value = int(value) if value == int(value) else round(value, 4)
+    turn, value = _call(step, left, right, spaced)
     env[f"s{i + 1}"] = value
-    expr = f"{left}{step['op']}{right}"
-    shown = synthetic.spaced_expression(expr) if spaced else expr
-    turns.append({"action": f"Next I need the {step['description']}.\n"
-                            f"<math_exp>{_pad(shown, spaced)}</math_exp>",
-                  "observation": f"{expr} -> {value}"})
-  last = graph[len(turns) - 1]["description"]
+    turns.append(turn)
+  last = graph[at - 1 if style == "skip" else -1]["description"]
   turns.append({"action": f"The {last} is {value}.\n"
                           f"<answer>{_pad(str(value), spaced)}</answer>",
                 "observation": None})
   return turns
+
+
+def _call(step, left, right, spaced) -> tuple[dict, float]:
+  """(the turn computing `left op right` for `step`, its value)."""
+  value = synthetic.OPS[step["op"]](left, right)
+  value = int(value) if value == int(value) else round(value, 4)
+  expr = f"{left}{step['op']}{right}"
+  shown = synthetic.spaced_expression(expr) if spaced else expr
+  return {"action": f"Next I need the {step['description']}.\n"
+                    f"<math_exp>{_pad(shown, spaced)}</math_exp>",
+          "observation": f"{expr} -> {value}"}, value
 
 
 def _wrong_operands(step, left, right, env, rng):
