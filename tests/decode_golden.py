@@ -140,6 +140,12 @@ def small_policy(preset: str):
 
 
 ENGINE = dict(slots=4, decode_batch=2, chunk_steps=4, tool_workers=4)
+# Row buckets of the tests' engines: no 1-row bucket, so a decode batch of
+# 2 appends and decodes 2 rows always and each shape compiles once, not
+# for 1 row and again for 2 (test_engine.py and test_pages.py: about 80 s
+# of CPU less). The product's default, every bucket, runs against the
+# lock-step oracle in test_engine.py's precompile test.
+ROW_BUCKETS = dict(batch_buckets=(2, 4, 8, 16, 32, 64, 128, 256, 512))
 
 
 def engine_run(preset: str, temperature: float, engine_kw=None,
@@ -147,11 +153,12 @@ def engine_run(preset: str, temperature: float, engine_kw=None,
   """(trajectories, the runner, (cfg, params)) of one rollout of 6 rows
   (3 tasks x 2) through the engine (or the lock-step oracle), with false
   stops, on the tests' small vocabulary (`ENGINE_GOLDEN`'s). `engine_kw` /
-  `sampler_kw` override `EngineConfig` / `SamplerConfig` fields."""
+  `sampler_kw` override `EngineConfig` / `SamplerConfig` fields (rows in
+  `ROW_BUCKETS`)."""
   tools = registry.build_tools(("calculator",))
   cfg, params, tok = loading.load_policy(small_policy(preset))
   sampler = Sampler(params, cfg, tok, SamplerConfig(
-      **dict(dict(max_cache_len=1024), **(sampler_kw or {}))))
+      **dict(dict(max_cache_len=1024, **ROW_BUCKETS), **(sampler_kw or {}))))
   rc = turns.RolloutConfig(fmt="swirl", max_turns=4, max_new_tokens=64,
                            temperature=temperature, seed=5)
   if lockstep:

@@ -32,7 +32,8 @@ SMALL = engine_lib.EngineConfig(slots=4, decode_batch=2, chunk_steps=4,
 def tiny():
   """The random tiny policy on the tests' small vocabulary."""
   cfg, params, tok = loading.load_policy(decode_golden.small_policy("tiny"))
-  sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=1024))
+  sampler = Sampler(params, cfg, tok, SamplerConfig(
+      max_cache_len=1024, **decode_golden.ROW_BUCKETS))
   return cfg, params, tok, sampler
 
 
@@ -112,8 +113,8 @@ def test_engine_equals_lockstep(tiny, calc_tools, temperature):
     # sample the same.
     assert eng.metrics["forked_rows"] > 0 and eng.device.held() == 0
     cfg, params, tok, _ = tiny
-    alone = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=1024,
-                                                    share_prompts=False))
+    alone = Sampler(params, cfg, tok, SamplerConfig(
+        max_cache_len=1024, share_prompts=False, **decode_golden.ROW_BUCKETS))
     _same(b, _pair((cfg, params, tok, alone), calc_tools, rc,
                    stops=("\n\n\n", "e"))[1].run(tasks, samples_per_task=2))
   assert any(len(t.turns) > 2 for t in b)
@@ -236,7 +237,8 @@ def test_rows_out_of_room_end_cleanly(tiny, calc_tools):
   ('context_full'), as in the oracle, never past the cache; a prompt that
   does not fit is a clear error."""
   cfg, params, tok, _ = tiny
-  sampler = Sampler(params, cfg, tok, SamplerConfig(max_cache_len=320))
+  sampler = Sampler(params, cfg, tok, SamplerConfig(
+      max_cache_len=320, **decode_golden.ROW_BUCKETS))
   rc = turns.RolloutConfig(fmt="swirl", max_turns=8, max_new_tokens=40,
                            temperature=0.0)
   always_call = lambda i, k: parsing.ParsedTurn("call", tool="calculator",
@@ -278,7 +280,8 @@ for temperature in (0.0, 1.0):
                            temperature=temperature, seed=5)
   for name, tp, dp in (("one", 1, 1), ("tp", 2, 1), ("dp", 2, 2)):
     sampler = Sampler(params, cfg, tok, SamplerConfig(
-        max_cache_len=512, tensor_parallel=tp, data_parallel=dp))
+        max_cache_len=512, tensor_parallel=tp, data_parallel=dp,
+        batch_buckets={row_buckets}))
     m = sampler.mesh
     eng = engine_lib.RolloutEngine(
         sampler, tok, tools, rc, engine_lib.EngineConfig(
@@ -316,7 +319,8 @@ def test_tensor_parallel_engine_equals_one_device():
   log-probs to float rounding."""
   import fresh_process  # pylint: disable=g-import-not-at-top
   out = fresh_process.last_json(_TENSOR_PARALLEL_SCRIPT.replace(
-      "{tokenizer}", str(small_tokenizer.PATH)))
+      "{tokenizer}", str(small_tokenizer.PATH)).replace(
+          "{row_buckets}", repr(decode_golden.ROW_BUCKETS["batch_buckets"])))
   assert out["mesh_tp"] == {"data": 1, "tensor": 2}
   assert out["mesh_dp"] == {"data": 2, "tensor": 2}
   assert out["groups"] == [[0, 1], [2, 3]]
