@@ -26,7 +26,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("args, line", [
     (("--config=configs/demo.py:smok",),
-     "unknown config arg 'smok'; valid: filters, first_seed, seed, seeds, smoke"),
+     "unknown config arg 'smok'; valid: filters, first_seed, orderings, "
+     "seed, seeds, smoke"),
     (("--config=configs/demo.py:smoke=maybe",),
      "config arg smoke='maybe': expected a boolean"),
     (("--config=configs/demo.py", "--config.rl_train.optim.lrr=1"),
