@@ -9,11 +9,11 @@ for every policy but the base its paired gain over the base (the mean and
 spread of the per-seed differences, which the seeds' shared variation,
 e.g. a stronger warm start, leaves out); `config.contrasts` ("a-b", ...)
 adds the same paired difference between two trained policies (e.g.
-"rl-sft": SWiRL against SFT on one seed's same data). The JSON is printed
-as the last
-line. Each seed's rollout viewer (`seed_<s>/rollouts.html`: its runs'
-trajectories and every policy's held-out answers, swirl_jax/viewer) is
-built with the table, which links it from seeds.md.
+"rl-sft": SWiRL against SFT on one seed's same data). The JSON is
+printed as the last line. Each seed's rollout viewer
+(`seed_<s>/rollouts.html`: its runs' trajectories and every policy's
+held-out answers, swirl_jax/viewer) is built with the table, which links
+it from seeds.md.
 """
 
 import json
@@ -49,7 +49,7 @@ def with_seed(c, seed: int) -> ml_collections.ConfigDict:
 def _stats(v) -> dict:
   v = np.asarray(v, np.float64)
   std = float(v.std(ddof=1)) if len(v) > 1 else 0.0
-  return dict(mean=float(v.mean()), std=std, se=std / np.sqrt(len(v)),
+  return dict(mean=float(v.mean()), std=std, se=std / float(np.sqrt(len(v))),
               min=float(v.min()), max=float(v.max()), n=len(v))
 
 
