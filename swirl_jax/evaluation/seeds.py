@@ -137,7 +137,7 @@ def run(c, workdir, *, run_seed: Callable, read_seed: Callable,
   for s in mine if only < 0 else (only,):
     sub = work / f"seed_{s}"
     if not (sub / "done.json").exists():
-      logging.info("seed %d of %d: %s", s + 1, n, sub)
+      logging.info("seed %d (%d of %d): %s", s, s - first + 1, n, sub)
       cs = with_seed(c, s)
       cs.seeds, cs.only_seed = 0, -1
       t0 = time.time()
